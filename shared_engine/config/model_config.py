@@ -1,0 +1,37 @@
+"""Which model to run and how to load it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared_engine.config.validation import check_choice, check_range
+
+DTYPES = {"auto", "float32", "bfloat16", "float16"}
+LOAD_FORMATS = {"auto", "safetensors", "dummy"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Model identity and loading.
+
+    `model` is a local Hugging Face directory, a preset name (`llama-3.1-8b`, `qwen3-0.6b`,
+    `qwen2.5-0.5b`, `smollm2-135m`; real shapes, only with `load_format="dummy"`) or None for the
+    embedded default model (SmolLM2-135M-Instruct). `max_model_len` (tokens, prompt + output) None means
+    the model's `max_position_embeddings`. `dtype="auto"` is float32 on the CPU and bfloat16 on CUDA.
+    """
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    load_format: str = "auto"
+    seed: int = 0
+    served_model_name: str | None = None
+    max_logprobs: int = 20
+
+    def __post_init__(self) -> None:
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("load_format", self.load_format, LOAD_FORMATS)
+        check_range("max_model_len", self.max_model_len, 1, allow_none=True)
+        check_range("seed", self.seed, 0)
+        check_range("max_logprobs", self.max_logprobs, 0, 1024)

@@ -1,0 +1,31 @@
+"""Continuous-batching scheduler settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared_engine.config.validation import check_range
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Per-step limits.
+
+    `max_num_batched_tokens` is the per-step token budget shared by decodes (1 token each) and prefill
+    chunks; None means 8192 (vLLM's offline default). `max_num_seqs` caps the requests in one step.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    max_waiting_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        check_range("max_num_seqs", self.max_num_seqs, 1, 65536)
+        check_range("max_num_batched_tokens", self.max_num_batched_tokens, 1, allow_none=True)
+        check_range("max_waiting_requests", self.max_waiting_requests, 0, allow_none=True)
+
+    @property
+    def token_budget(self) -> int:
+        """Tokens per step: `max_num_batched_tokens`, or 8192 when unset."""
+        return self.max_num_batched_tokens or 8192

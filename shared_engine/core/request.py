@@ -1,0 +1,112 @@
+"""`Request`: one sequence's scheduling state (prompt, generated tokens, progress, timings)."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+from shared_engine.sampling_params import SamplingParams
+
+_arrival_counter = itertools.count()
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+
+
+@dataclass
+class Request:
+    """One sequence. A request with `n` > 1 is fanned out into `n` of these by the engine.
+
+    The scheduler sees only token counts: `num_tokens` (prompt + generated) and `num_computed_tokens`
+    (tokens whose KV is in the cache). Preemption by recompute sets `num_computed_tokens` back to 0 and
+    keeps the generated tokens, so the request later recomputes prompt + output as one longer prompt.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    max_tokens: int  # resolved: never None
+    eos_token_ids: frozenset[int] = frozenset()
+    arrival_time: float = 0.0
+    parent_id: str | None = None
+    index: int = 0  # which of the parent's n choices
+    cache_salt: str | None = None
+    lora_name: str | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first schedule
+    num_preemptions: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+    arrival_order: int = field(default_factory=lambda: next(_arrival_counter))
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_remaining_tokens(self) -> int:
+        """Tokens not yet in the KV cache (the whole prompt before its first step, 1 while decoding)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    def token_ids_slice(self, start: int, end: int) -> list[int]:
+        """Token ids at positions [start, end) of prompt + output."""
+        n_prompt = len(self.prompt_token_ids)
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt : end - n_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+
+    def check_stop(self, max_model_len: int) -> RequestStatus | None:
+        """Decide, after a token was appended, whether the request is done (stop token, EOS or length)."""
+        if not self.output_token_ids:
+            return None
+        last = self.output_token_ids[-1]
+        params = self.sampling_params
+        if self.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and last in self.eos_token_ids:
+                self.stop_reason = None
+                return RequestStatus.FINISHED_STOPPED
+            if last in params.stop_token_ids:
+                self.stop_reason = last
+                return RequestStatus.FINISHED_STOPPED
+        if self.num_output_tokens >= self.max_tokens or self.num_tokens >= max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None

@@ -1,0 +1,177 @@
+"""`Scheduler`: continuous batching with chunked prefill and preemption by recompute.
+
+Every step it spends a token budget (`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`):
+running requests first (decodes, 1 token each, then unfinished prefill chunks), then waiting requests in
+arrival order, each getting as many prompt tokens as the budget leaves (a chunk). When the KV pool runs
+dry it preempts by recompute: the most recently arrived running request loses its blocks and goes back to
+the front of the waiting queue (Orca, Yu et al. 2022; vLLM's recompute preemption). Imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from shared_engine.config.scheduler_config import SchedulerConfig
+from shared_engine.core.block_manager import BlockManager
+from shared_engine.core.request import Request, RequestStatus
+from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+
+# Leave this fraction of the pool free when admitting new requests, so that admission does not
+# immediately force the preemption of running decodes (vLLM v0's watermark).
+_ADMISSION_WATERMARK = 0.01
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions_total = 0
+        self._watermark_blocks = int(_ADMISSION_WATERMARK * block_manager.num_blocks)
+
+    # ---- queue management ----------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_request(self, request_id: str) -> Request | None:
+        """Finish the request as aborted and free its blocks at once. Unknown ids are ignored."""
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return None
+        self.finish_request(request, RequestStatus.FINISHED_ABORTED)
+        return request
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step ------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.token_budget
+        scheduled_ids: set[str] = set()
+        # Decodes first, then partial prefills; each group in arrival order.
+        order = sorted(self.running, key=lambda r: (r.num_remaining_tokens > 1, r.arrival_order))
+        for request in order:
+            if budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(request.num_remaining_tokens, budget)
+            if not self._reserve(request, num_new, scheduled_ids, out):
+                continue
+            self._add(out, request, num_new, scheduled_ids)
+            budget -= num_new
+        if not out.preempted_request_ids:
+            budget = self._admit_waiting(out, budget, scheduled_ids)
+        return out
+
+    def _reserve(self, request: Request, num_new: int, scheduled_ids: set[str], out: SchedulerOutput) -> bool:
+        """Make room for `num_new` tokens of a running request, preempting newer requests if needed."""
+        while not self.block_manager.can_allocate(request, num_new):
+            victim = max(
+                (r for r in self.running if r.request_id not in scheduled_ids),
+                key=lambda r: r.arrival_order,
+            )
+            self._preempt(victim, out)
+            if victim is request:
+                return False
+        self.block_manager.allocate(request, num_new)
+        return True
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, scheduled_ids: set[str]) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            num_new = request.num_remaining_tokens
+            if num_new > budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                num_new = budget
+            needed = self.block_manager.num_new_blocks(request, num_new)
+            if needed + self._watermark_blocks > self.block_manager.num_free_blocks and self.running:
+                break
+            if not self.block_manager.can_allocate(request, num_new):
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate(request, num_new)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._add(out, request, num_new, scheduled_ids)
+            budget -= num_new
+        return budget
+
+    def _add(self, out: SchedulerOutput, request: Request, num_new: int, scheduled_ids: set[str]) -> None:
+        start = request.num_computed_tokens
+        out.scheduled.append(
+            ScheduledRequest(
+                request=request,
+                token_ids=request.token_ids_slice(start, start + num_new),
+                start_position=start,
+                block_table=self.block_manager.get_block_table(request.request_id),
+                needs_sample=start + num_new == request.num_tokens,
+            )
+        )
+        out.num_batched_tokens += num_new
+        scheduled_ids.add(request.request_id)
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        self.running.remove(request)
+        self.block_manager.free(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+        self.num_preemptions_total += 1
+        out.preempted_request_ids.append(request.request_id)
+
+    # ---- after the model ran -------------------------------------------------------------------------
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: dict[str, int], now: float = 0.0
+    ) -> list[Request]:
+        """Advance progress, append sampled tokens, and finish requests that stop.
+
+        `sampled` maps request ids (those with `needs_sample`) to their new token. Returns the requests
+        that were updated (got a token or finished) in this step.
+        """
+        updated = []
+        for item in out.scheduled:
+            request = item.request
+            if request.is_finished:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += item.num_new_tokens
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue
+            request.append_output_token(token)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            request.last_token_time = now
+            status = request.check_stop(self.max_model_len)
+            if status is not None:
+                self.finish_request(request, status, now)
+            updated.append(request)
+        return updated
+
+    def finish_request(self, request: Request, status: RequestStatus, now: float | None = None) -> None:
+        """Take the request out of its queue, free its blocks and mark it finished with `status`."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.block_manager.free(request)
+        request.status = status
+        request.finished_time = now if now is not None else request.last_token_time
+        self.requests.pop(request.request_id, None)

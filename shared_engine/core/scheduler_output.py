@@ -1,0 +1,61 @@
+"""`SchedulerOutput`: everything the model runner needs for one step, and nothing about how it was chosen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared_engine.core.request import Request
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step: tokens at positions [start_position, start_position + len(token_ids)).
+
+    `block_table` is the request's live block table (physical block ids, one per `block_size` tokens).
+    `needs_sample` is True when this chunk reaches the end of the known tokens, so the step's last
+    logits for this request produce its next token; a partial prefill chunk samples nothing.
+    """
+
+    request: Request
+    token_ids: list[int]
+    start_position: int
+    block_table: list[int]
+    needs_sample: bool
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        """KV length after this step (cached prefix + this chunk)."""
+        return self.start_position + len(self.token_ids)
+
+    @property
+    def is_decode(self) -> bool:
+        return len(self.token_ids) == 1 and self.start_position > 0
+
+
+@dataclass
+class SchedulerOutput:
+    """The scheduler's decision for one step. Decodes come first, then prefill chunks."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted_request_ids: list[str] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(1 for s in self.scheduled if s.is_decode)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_batched_tokens - self.num_decode_tokens

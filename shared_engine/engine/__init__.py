@@ -1,0 +1,1 @@
+"""The engine: requests in, outputs out, one scheduler step at a time."""

@@ -1,0 +1,123 @@
+"""`LLMEngine`: validates and admits requests, runs scheduler → model runner → scheduler steps, and turns
+sampled tokens into `RequestOutput`s. Knows nothing about HTTP."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from shared_engine.config import EngineConfig
+from shared_engine.core.block_manager import BlockManager
+from shared_engine.core.request import Request, RequestStatus
+from shared_engine.core.scheduler import Scheduler
+from shared_engine.engine.kv_capacity import capacity_line, check_fits, num_kv_blocks
+from shared_engine.engine.output_builder import OutputBuilder
+from shared_engine.engine.request_validator import validate_request
+from shared_engine.engine.stats import EngineStats
+from shared_engine.engine.tokenizer import load_tokenizer
+from shared_engine.model_executor.model_runner import ModelRunner
+from shared_engine.model_loader.model_source import resolve_model
+from shared_engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("shared_engine")
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        m = config.model
+        self.source = resolve_model(m.model, m.load_format, m.tokenizer)
+        arch = self.source.arch
+        config = config.with_model_len(m.max_model_len or arch.max_position_embeddings)
+        self._check_config(config)
+        self.config = config
+        self.max_model_len = config.model.max_model_len
+        self.tokenizer = load_tokenizer(self.source.tokenizer_path)
+        self.eos_token_ids = frozenset(self._eos_ids())
+        self.runner = ModelRunner(config, self.source)
+        num_blocks = num_kv_blocks(config, self.runner.kv_bytes_per_block, self.runner.free_kv_bytes())
+        check_fits(num_blocks, config.cache.block_size, self.max_model_len)
+        self.runner.allocate_kv_cache(num_blocks)
+        self.block_manager = BlockManager(num_blocks, config.cache.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
+        self.outputs = OutputBuilder(self.tokenizer)
+        self.stats = EngineStats()
+        logger.info(capacity_line(num_blocks, config.cache.block_size, self.max_model_len))
+        logger.info("Model %s loaded in %.1f s (%s, %s)", self.source.name, self.runner.load_seconds,
+                    self.runner.dtype_name, self.runner.device)
+
+    def _check_config(self, config: EngineConfig) -> None:
+        limit = self.source.arch.max_position_embeddings
+        if config.model.max_model_len > limit:
+            raise ValueError(f"max_model_len {config.model.max_model_len} exceeds the model's "
+                             f"max_position_embeddings {limit}")
+        s = config.scheduler
+        if not s.enable_chunked_prefill and s.token_budget < config.model.max_model_len:
+            raise ValueError(f"without chunked prefill max_num_batched_tokens ({s.token_budget}) must be >= "
+                             f"max_model_len ({config.model.max_model_len})")
+
+    def _eos_ids(self) -> set[int]:
+        ids = self.source.generation_eos_ids()
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    # ---- requests ------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt: str | None = None, arrival_time: float | None = None,
+                    cache_salt: str | None = None) -> None:
+        """Queue a request (fanned out into `params.n` sequences).
+
+        Raises:
+            ValueError: an empty prompt, a prompt + max_tokens over max_model_len, or sampling parameters
+                out of range. The engine keeps serving everyone else.
+        """
+        max_tokens = validate_request(prompt_token_ids, params, self.max_model_len, self.config.model.max_logprobs,
+                                      self.source.arch.vocab_size)
+        if request_id in self.outputs.groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        arrival = time.time() if arrival_time is None else arrival_time
+        children = []
+        for index in range(params.n):
+            child_id = request_id if params.n == 1 else f"{index}_{request_id}"
+            children.append(Request(
+                request_id=child_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params,
+                max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=arrival,
+                parent_id=request_id, index=index, cache_salt=cache_salt,
+            ))
+        self.outputs.add_group(request_id, prompt, children)
+        for child in children:
+            self.scheduler.add_request(child)
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        """Abort requests (by the id given to `add_request`) and free their KV blocks now."""
+        for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
+            for child in self.outputs.children(request_id):
+                if self.scheduler.abort_request(child.request_id) is not None:
+                    self.runner.release(child.request_id)
+            self.outputs.drop(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- one step ------------------------------------------------------------------------------------
+    def step(self) -> list:
+        """Schedule, run the model once, sample, and return the `RequestOutput`s that changed."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        started = time.perf_counter()
+        result = self.runner.execute(out)
+        now = time.time()
+        tokens = {rid: r.token_id for rid, r in result.sampled.items()}
+        updated = self.scheduler.update_from_output(out, tokens, now)
+        for request_id, (begin, values) in result.prompt_logprobs.items():
+            self.outputs.add_prompt_logprobs(request_id, begin, values)
+        for request in updated:
+            stop = self.outputs.on_token(request, result.sampled[request.request_id])
+            if stop is not None and not request.is_finished:
+                request.stop_reason = stop
+                self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, now)
+            if request.is_finished:
+                self.runner.release(request.request_id)
+        self.stats.on_step(out, len(updated), time.perf_counter() - started, self.scheduler, self.block_manager)
+        return self.outputs.collect(updated)

@@ -1,0 +1,128 @@
+"""`OutputBuilder`: groups a request's `n` sequences and builds vLLM-shaped `RequestOutput`s, with
+incremental detokenisation and stop strings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared_engine.core.request import Request
+from shared_engine.engine.detokenizer import IncrementalDetokenizer
+from shared_engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from shared_engine.sampling.sampler import SampleResult
+
+
+@dataclass
+class _Group:
+    request_id: str
+    prompt: str | None
+    children: list[Request]
+    detokenizers: dict[str, IncrementalDetokenizer | None]
+    logprobs: dict[str, list[dict[int, Logprob]]] = field(default_factory=dict)
+    cumulative: dict[str, float] = field(default_factory=dict)
+    prompt_logprobs: dict[int, float | None] = field(default_factory=dict)  # prompt position → logprob
+
+
+class OutputBuilder:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.groups: dict[str, _Group] = {}
+        self._parent: dict[str, str] = {}
+
+    def add_group(self, request_id: str, prompt: str | None, children: list[Request]) -> None:
+        detoks = {}
+        for child in children:
+            p = child.sampling_params
+            detoks[child.request_id] = None if self.tokenizer is None else IncrementalDetokenizer(
+                self.tokenizer, child.prompt_token_ids, p.stop, p.skip_special_tokens, p.include_stop_str_in_output)
+            self._parent[child.request_id] = request_id
+        self.groups[request_id] = _Group(request_id, prompt, children, detoks)
+
+    def children(self, request_id: str) -> list[Request]:
+        group = self.groups.get(request_id)
+        return group.children if group else []
+
+    def drop(self, request_id: str) -> None:
+        group = self.groups.pop(request_id, None)
+        for child in group.children if group else []:
+            self._parent.pop(child.request_id, None)
+
+    def add_prompt_logprobs(self, child_id: str, begin: int, values: list[float | None]) -> None:
+        """Record prompt logprobs for positions begin, begin+1, ... (a recomputed chunk overwrites)."""
+        group = self.groups[self._parent[child_id]]
+        if group.children[0].request_id != child_id:
+            return  # the n choices share one prompt
+        for offset, value in enumerate(values):
+            group.prompt_logprobs[begin + offset] = value
+
+    def on_token(self, request: Request, sample: SampleResult) -> str | None:
+        """Record a new token; returns the stop string it completed, if any."""
+        group = self.groups[self._parent[request.request_id]]
+        rid = request.request_id
+        if sample.logprob is not None:
+            group.cumulative[rid] = group.cumulative.get(rid, 0.0) + sample.logprob
+            entry = {tid: Logprob(lp, rank=i + 1) for i, (tid, lp) in enumerate(sample.top_logprobs or [])}
+            entry.setdefault(sample.token_id, Logprob(sample.logprob, rank=sample.rank))
+            group.logprobs.setdefault(rid, []).append(entry)
+        detok = group.detokenizers[rid]
+        if detok is None:
+            return None
+        check = request.num_output_tokens >= request.sampling_params.min_tokens
+        stop = detok.update([sample.token_id], check_stop=check)
+        if request.is_finished:
+            detok.flush()
+        return stop
+
+    def collect(self, updated: list[Request]) -> list[RequestOutput]:
+        """One `RequestOutput` per group touched in this step; finished groups are then forgotten."""
+        seen, outputs = set(), []
+        for request in updated:
+            parent = self._parent.get(request.request_id)
+            if parent is None or parent in seen:
+                continue
+            seen.add(parent)
+            outputs.append(self.build(parent))
+            if outputs[-1].finished:
+                self.drop(parent)
+        return outputs
+
+    def build(self, request_id: str) -> RequestOutput:
+        group = self.groups[request_id]
+        completions = []
+        for child in group.children:
+            detok = group.detokenizers[child.request_id]
+            if detok is not None and child.is_finished:
+                detok.flush()
+            completions.append(CompletionOutput(
+                index=child.index,
+                text=detok.text if detok is not None else "",
+                token_ids=list(child.output_token_ids),
+                cumulative_logprob=group.cumulative.get(child.request_id),
+                logprobs=group.logprobs.get(child.request_id),
+                finish_reason=child.status.value if child.is_finished else None,
+                stop_reason=child.stop_reason,
+            ))
+        first = group.children[0]
+        metrics = RequestMetrics(
+            arrival_time=first.arrival_time,
+            first_scheduled_time=min((c.first_scheduled_time for c in group.children if c.first_scheduled_time), default=None),
+            first_token_time=min((c.first_token_time for c in group.children if c.first_token_time), default=None),
+            last_token_time=max((c.last_token_time for c in group.children if c.last_token_time), default=None),
+            finished_time=max((c.finished_time or 0 for c in group.children), default=None),
+        )
+        return RequestOutput(
+            request_id=request_id,
+            prompt=group.prompt,
+            prompt_token_ids=first.prompt_token_ids,
+            outputs=completions,
+            finished=all(c.is_finished for c in group.children),
+            metrics=metrics,
+            num_cached_tokens=first.num_cached_tokens,
+            prompt_logprobs=self._prompt_logprobs(group, first.prompt_token_ids),
+        )
+
+    @staticmethod
+    def _prompt_logprobs(group: _Group, prompt_ids: list[int]) -> list[dict[int, Logprob] | None] | None:
+        if not group.prompt_logprobs:
+            return None
+        values = [group.prompt_logprobs.get(i) for i in range(len(prompt_ids))]
+        return [None if v is None else {prompt_ids[i]: Logprob(v)} for i, v in enumerate(values)]

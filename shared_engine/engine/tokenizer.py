@@ -1,0 +1,30 @@
+"""Tokenizer loading and chat templates (Hugging Face tokenizers; we write none of our own)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def load_tokenizer(path: Path | None):
+    """A `transformers` fast tokenizer from a local directory, or None (token-id prompts only)."""
+    if path is None:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Render `messages` with the tokenizer's own chat template and return the prompt token ids.
+
+    Raises:
+        ValueError: no tokenizer, a tokenizer without a chat template, or malformed messages.
+    """
+    if tokenizer is None:
+        raise ValueError("chat needs a tokenizer; this model was loaded without one")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat template")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise ValueError("messages must be a list of {'role': ..., 'content': ...} objects")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer.encode(text, add_special_tokens=False)

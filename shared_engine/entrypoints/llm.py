@@ -1,0 +1,131 @@
+"""`LLM`: the offline API (`from shared_engine import LLM, SamplingParams`), shaped like vLLM's."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from shared_engine.config import EngineConfig
+from shared_engine.engine.llm_engine import LLMEngine
+from shared_engine.engine.tokenizer import apply_chat_template
+from shared_engine.outputs import RequestOutput
+from shared_engine.sampling_params import SamplingParams
+
+PromptType = str | list[int] | dict
+
+
+class LLM:
+    """Generate with our engine in-process.
+
+    `LLM(model=None, **engine_args)`: `model` None is the embedded default (SmolLM2-135M-Instruct); every
+    other keyword is an engine setting by its flat name (`max_num_seqs`, `block_size`, `kv_cache_memory`,
+    `num_gpu_blocks_override`, `max_model_len`, `dtype`, `device`, `load_format`, ...).
+
+    Raises:
+        ValueError: an unknown setting or a value out of range (the message names it).
+    """
+
+    def __init__(self, model: str | None = None, **engine_args) -> None:
+        self.engine = LLMEngine(EngineConfig.from_flat(model=model, **engine_args))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion; outputs come back in prompt order.
+
+        A prompt is a string, a list of token ids, or `{"prompt_token_ids": [...]}` / `{"prompt": "..."}`;
+        a list of them is a batch. Raises `ValueError` for a bad prompt or parameters; nothing is queued
+        then (all prompts are validated before any is added).
+        """
+        batch = _as_batch(prompts)
+        params = _params_for(batch, sampling_params)
+        encoded = [self._encode(p) for p in batch]
+        return self._run(encoded, params, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        params = _params_for(conversations, sampling_params)
+        tok = self.engine.tokenizer
+        encoded = []
+        for conv in conversations:
+            ids = apply_chat_template(tok, conv, add_generation_prompt)
+            encoded.append((tok.decode(ids), ids))
+        return self._run(encoded, params, use_tqdm)
+
+    def _encode(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            prompt = prompt.get("prompt", "")
+        if isinstance(prompt, str):
+            tok = self.engine.tokenizer
+            if tok is None:
+                raise ValueError("this model has no tokenizer: pass token ids")
+            return prompt, tok.encode(prompt) if prompt else []
+        return None, list(prompt)
+
+    def _run(self, encoded, params, use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.engine
+        for (_, ids), p in zip(encoded, params):  # validate everything before queueing anything
+            engine_check(engine, ids, p)
+        order = {}
+        for (text, ids), p in zip(encoded, params):
+            request_id = str(next(self._ids))
+            order[request_id] = len(order)
+            engine.add_request(request_id, ids, p, prompt=text)
+        results: list[RequestOutput | None] = [None] * len(order)
+        bar = _progress(len(order), use_tqdm)
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    results[order[output.request_id]] = output
+                    bar.update(1) if bar else None
+        if bar:
+            bar.close()
+        return results
+
+
+def engine_check(engine: LLMEngine, ids: list[int], params: SamplingParams) -> None:
+    from shared_engine.engine.request_validator import validate_request
+
+    validate_request(ids, params, engine.max_model_len, engine.config.model.max_logprobs, engine.source.arch.vocab_size)
+
+
+def _as_batch(prompts) -> list:
+    if isinstance(prompts, str | dict):
+        return [prompts]
+    if prompts and isinstance(prompts[0], int):
+        return [prompts]
+    return list(prompts)
+
+
+def _params_for(batch: list, params) -> list[SamplingParams]:
+    if params is None:
+        params = SamplingParams()
+    if isinstance(params, SamplingParams):
+        return [params] * len(batch)
+    if len(params) != len(batch):
+        raise ValueError(f"got {len(params)} sampling_params for {len(batch)} prompts")
+    return list(params)
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled or total < 2:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)

@@ -1,0 +1,1 @@
+"""Model execution: layers, the Llama-family model, attention backends and the model runner."""

@@ -1,0 +1,1 @@
+"""Attention backends over the paged KV cache, chosen through a small registry (`registry.py`)."""

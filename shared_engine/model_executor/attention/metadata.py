@@ -1,0 +1,30 @@
+"""`AttentionMetadata`: the batch layout every attention backend reads (vLLM's varlen layout)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """One step's flattened batch: sequences ordered decodes first, then prefill chunks.
+
+    Sequence b owns query tokens [cu_seqlens_q[b], cu_seqlens_q[b+1]) and, after this step, has
+    `context_lens[b]` tokens of KV in the cache; its new tokens sit at the last positions of that context.
+    """
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: flat KV slot per new token (-1 = padding, skipped)
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32
+    context_lens: torch.Tensor  # [num_seqs] int32: KV length after this step
+    cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
+    num_decodes: int  # the first num_decodes sequences have exactly one query token
+    max_context_len: int
+    max_query_len: int
+    context_lens_list: list[int]
+    query_lens_list: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.context_lens_list)

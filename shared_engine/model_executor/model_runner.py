@@ -1,0 +1,140 @@
+"""`ModelRunner`: owns the model, the paged KV cache and the sampler; runs one `SchedulerOutput`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from shared_engine.config import EngineConfig
+from shared_engine.core.scheduler_output import SchedulerOutput
+from shared_engine.model_executor.attention.registry import get_backend
+from shared_engine.model_executor.input_builder import build_inputs
+from shared_engine.model_executor.models.registry import get_model_class
+from shared_engine.model_loader.model_source import ModelSource
+from shared_engine.model_loader.weight_loader import init_dummy, load_safetensors
+from shared_engine.sampling.sampler import SampleResult, Sampler
+
+logger = logging.getLogger(__name__)
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class StepResult:
+    sampled: dict[str, SampleResult]  # request id → its new token
+    # request id → (first prompt position, logprob of each prompt token from there; None for position 0)
+    prompt_logprobs: dict[str, tuple[int, list[float | None]]]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, source: ModelSource) -> None:
+        self.config = config
+        self.device = torch.device(config.device.resolve())
+        self.dtype_name = resolve_dtype(config.model.dtype, self.device.type)
+        self.dtype = _TORCH_DTYPES[self.dtype_name]
+        self.arch = source.arch
+        self.block_size = config.cache.block_size
+        self.backend = get_backend("torch")
+        self.sampler = Sampler(seed=config.model.seed)
+        started = time.perf_counter()
+        self.model = self._load(source)
+        self.load_seconds = time.perf_counter() - started
+        self.kv_caches: list[torch.Tensor] = []
+
+    def _load(self, source: ModelSource) -> torch.nn.Module:
+        torch.manual_seed(self.config.model.seed)
+        model_cls = get_model_class(self.arch.architecture)
+        with torch.device(self.device):
+            model = model_cls(self.arch, max_position=self.config.model.max_model_len or self.arch.max_position_embeddings)
+        model.to(self.dtype)
+        if self.config.model.load_format == "dummy":
+            init_dummy(model, seed=self.config.model.seed)
+        else:
+            load_safetensors(model, source.path)
+        return model.eval()
+
+    # ---- KV cache ------------------------------------------------------------------------------------
+    def free_kv_bytes(self) -> int | None:
+        """CUDA: bytes left for the KV cache under `gpu_memory_utilization` after the weights and the peak
+        activations of a profiling forward pass at `max_num_batched_tokens`. CPU: None (sized by bytes)."""
+        if self.device.type != "cuda":
+            return None
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._profile_run(min(self.config.scheduler.token_budget, self.config.model.max_model_len))
+        peak = torch.cuda.max_memory_allocated(self.device)
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return max(0, int(total * self.config.cache.gpu_memory_utilization) - peak)
+
+    @torch.inference_mode()
+    def _profile_run(self, num_tokens: int) -> None:
+        from shared_engine.core.request import Request
+        from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+        from shared_engine.sampling_params import SamplingParams
+
+        num_blocks = -(-num_tokens // self.block_size)
+        self.allocate_kv_cache(num_blocks)
+        request = Request("profile", [0] * num_tokens, SamplingParams(max_tokens=1), max_tokens=1)
+        out = SchedulerOutput([ScheduledRequest(request, [0] * num_tokens, 0, list(range(num_blocks)), True)],
+                              num_batched_tokens=num_tokens)
+        inputs = build_inputs(out, self.block_size, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
+        self.model.compute_logits(hidden[inputs.sample_indices])
+        torch.cuda.synchronize(self.device)
+        self.kv_caches = []
+        del hidden
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        return self.arch.kv_bytes_per_token(self.dtype_name) * self.block_size
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """One tensor per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K then V)."""
+        shape = (2, num_blocks, self.block_size, self.arch.num_kv_heads, self.arch.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_layers)]
+
+    # ---- one step ------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        inputs = build_inputs(out, self.block_size, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
+        prompt_logprobs = self._prompt_logprobs(out, hidden, inputs)
+        sampled: dict[str, SampleResult] = {}
+        if inputs.sampled_rows:
+            logits = self.model.compute_logits(hidden[inputs.sample_indices])  # [num_sampled, vocab]
+            requests = [out.scheduled[row].request for row in inputs.sampled_rows]
+            for request, result in zip(requests, self.sampler(logits, requests)):
+                sampled[request.request_id] = result
+        return StepResult(sampled, prompt_logprobs)
+
+    def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, inputs) -> dict[str, list]:
+        """Log-probability of each prompt token given the ones before it (for `prompt_logprobs`/echo)."""
+        result = {}
+        offset = 0
+        for item in out.scheduled:
+            n = item.num_new_tokens
+            request = item.request
+            if request.sampling_params.prompt_logprobs is not None and item.start_position < request.num_prompt_tokens:
+                end = min(item.context_len, request.num_prompt_tokens)
+                count = end - item.start_position
+                logprobs = torch.log_softmax(self.model.compute_logits(hidden[offset : offset + count]), dim=-1)
+                targets = request.prompt_token_ids[item.start_position + 1 : end + 1]
+                values = logprobs[torch.arange(len(targets)), torch.tensor(targets, dtype=torch.long)].tolist()
+                if item.start_position == 0:
+                    result[request.request_id] = (0, [None, *values])
+                else:
+                    result[request.request_id] = (item.start_position + 1, values)
+            offset += n
+        return result
+
+    def release(self, request_id: str) -> None:
+        self.sampler.release(request_id)
+
+
+def resolve_dtype(dtype: str, device_type: str) -> str:
+    if dtype != "auto":
+        return dtype
+    return "float32" if device_type == "cpu" else "bfloat16"

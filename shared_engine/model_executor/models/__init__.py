@@ -1,0 +1,1 @@
+"""Model architectures (a registry keyed by the Hugging Face `architectures` name)."""

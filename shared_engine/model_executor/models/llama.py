@@ -1,0 +1,161 @@
+"""The Llama-family decoder: Llama 2/3/3.1, Mistral, Qwen2/2.5 (QKV bias), Qwen3 (q/k norm), SmolLM.
+
+One flattened batch of tokens per step (no padding); attention reads and writes the paged KV cache
+through the backend given in `AttentionMetadata`'s companion `backend`. Parameter names follow Hugging
+Face's, except that q/k/v and gate/up are stored fused (`qkv_proj`, `gate_up_proj`) so each is one matmul.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from shared_engine.model_arch import ModelArch
+from shared_engine.model_executor.attention.metadata import AttentionMetadata
+from shared_engine.model_executor.layers.activation import silu_and_mul
+from shared_engine.model_executor.layers.rms_norm import RMSNorm
+from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+# Hugging Face name fragment → (our fused parameter, shard index)
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, arch: ModelArch, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        self.rotary = rotary
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata, backend) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(arch, rotary)
+        self.mlp = LlamaMLP(arch)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(self, positions, hidden, residual, kv_cache, meta, backend):
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, meta, backend)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, arch: ModelArch, max_position: int) -> None:
+        super().__init__()
+        rotary = RotaryEmbedding(arch.head_dim, max_position, arch.rope_theta, arch.rope_scaling)
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, rotary) for _ in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """`forward(input_ids [T], positions [T], kv_caches, meta, backend) -> hidden [T, hidden]`;
+    `compute_logits(hidden [S, hidden]) -> [S, vocab]` (fp32)."""
+
+    def __init__(self, arch: ModelArch, max_position: int) -> None:
+        super().__init__()
+        self.arch = arch
+        self.model = LlamaModel(arch, max_position)
+        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        if arch.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_caches: list[torch.Tensor],  # per layer [2, num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+        backend,
+    ) -> torch.Tensor:
+        hidden = self.model.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.model.layers, kv_caches):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta, backend)
+        hidden, _ = self.model.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy Hugging Face-named tensors into the (fused) parameters. Returns the names loaded.
+
+        Raises `ValueError` for a tensor with no matching parameter or a shape mismatch.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.arch.tie_word_embeddings:
+                continue
+            target, shard = self._target(name)
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no parameter in {self.arch.architecture}")
+            param = params[target]
+            dest = param.data if shard is None else self._shard(param.data, target, shard)
+            if dest.shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != parameter {tuple(dest.shape)}")
+            dest.copy_(tensor)
+            loaded.add(target)
+        return loaded
+
+    @staticmethod
+    def _target(name: str) -> tuple[str, int | None]:
+        for fragment, (fused, shard) in _FUSED.items():
+            if f".{fragment}." in name:
+                return name.replace(fragment, fused), shard
+        return name, None
+
+    def _shard(self, data: torch.Tensor, target: str, shard: int) -> torch.Tensor:
+        if "qkv_proj" in target:
+            a = self.arch
+            sizes = [a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.head_dim]
+        else:
+            sizes = [self.arch.intermediate_size] * 2
+        return data.split(sizes, dim=0)[shard]

@@ -1,0 +1,1 @@
+"""Token sampling: penalties, temperature, top-k / top-p / min-p, per-sequence random streams, logprobs."""

@@ -1,0 +1,130 @@
+"""`Sampler`: turns one step's logits into one token per sequence.
+
+Order (as vLLM): raw log-probabilities for the `logprobs` output are taken first (before any
+processing); then penalties, then greedy rows take the argmax; the others are divided by temperature,
+filtered by top-k, top-p and min-p, and sampled by the exponential race (argmax of p / E, E ~ Exp(1)),
+which draws from p exactly. A sequence with a seed owns a `torch.Generator` seeded from (seed, choice
+index): its draws depend only on its own history, so `n` choices differ and every run repeats exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shared_engine.core.request import Request
+from shared_engine.sampling.penalties import apply_penalties
+
+
+@dataclass
+class SampleResult:
+    token_id: int
+    logprob: float | None = None
+    # [(token_id, logprob)] for the top `logprobs` tokens, highest first, plus the sampled token's rank
+    top_logprobs: list[tuple[int, float]] | None = None
+    rank: int | None = None
+
+
+class Sampler:
+    def __init__(self, seed: int = 0) -> None:
+        self._generators: dict[str, torch.Generator] = {}
+        self._seed = seed
+        self._default: dict[torch.device, torch.Generator] = {}
+
+    def release(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampleResult]:
+        """`logits` `[num_seqs, vocab]` fp32, one row per request (which must need a sample)."""
+        raw_logprobs = None
+        if any(r.sampling_params.logprobs is not None for r in requests):
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        params = [r.sampling_params for r in requests]
+        if any(p.needs_penalties for p in params):
+            logits = logits.clone()
+            apply_penalties(
+                logits,
+                [r.prompt_token_ids if p.repetition_penalty != 1.0 else [] for r, p in zip(requests, params)],
+                [r.output_token_ids for r in requests],
+                [p.presence_penalty for p in params],
+                [p.frequency_penalty for p in params],
+                [p.repetition_penalty for p in params],
+            )
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if random_rows:
+            tokens[random_rows] = self._sample(logits[random_rows], [requests[i] for i in random_rows])
+        token_list = tokens.tolist()
+        return [self._result(i, token_list[i], raw_logprobs, r) for i, r in enumerate(requests)]
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        vocab = logits.shape[1]
+        params = [r.sampling_params for r in requests]
+        temps = torch.tensor([p.temperature for p in params], device=logits.device, dtype=logits.dtype)
+        logits = logits / temps[:, None]
+        logits = _top_k(logits, [p.top_k if 0 < p.top_k < vocab else vocab for p in params])
+        logits = _top_p(logits, [p.top_p for p in params])
+        probs = torch.softmax(logits, dim=-1)
+        probs = _min_p(probs, [p.min_p for p in params])
+        noise = torch.empty_like(probs)
+        for row, request in enumerate(requests):
+            noise[row].exponential_(generator=self._generator(request, logits.device))
+        return (probs / noise).argmax(dim=-1)
+
+    def _generator(self, request: Request, device: torch.device) -> torch.Generator:
+        seed = request.sampling_params.seed
+        if seed is None:
+            if device not in self._default:
+                self._default[device] = torch.Generator(device=device).manual_seed(self._seed)
+            return self._default[device]
+        gen = self._generators.get(request.request_id)
+        if gen is None:
+            # Distinct, reproducible streams per choice: mix the choice index into the seed.
+            gen = torch.Generator(device=device).manual_seed(hash((seed, request.index)) & (2**63 - 1))
+            self._generators[request.request_id] = gen
+        return gen
+
+    @staticmethod
+    def _result(row: int, token: int, raw_logprobs, request: Request) -> SampleResult:
+        k = request.sampling_params.logprobs
+        if raw_logprobs is None or k is None:
+            return SampleResult(token)
+        lp = raw_logprobs[row]
+        chosen = lp[token]
+        rank = int((lp > chosen).sum().item()) + 1
+        top = []
+        if k > 0:
+            values, ids = lp.topk(k)
+            top = list(zip(ids.tolist(), values.tolist()))
+        return SampleResult(token, float(chosen), top, rank)
+
+
+def _top_k(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    vocab = logits.shape[1]
+    if all(k >= vocab for k in ks):
+        return logits
+    k_max = max(k for k in ks if k < vocab)
+    values = logits.topk(k_max, dim=-1).values  # [num_seqs, k_max]
+    kth = torch.stack([values[i, k - 1] if k < vocab else logits.new_tensor(-float("inf")) for i, k in enumerate(ks)])
+    return logits.masked_fill(logits < kth[:, None], -float("inf"))
+
+
+def _top_p(logits: torch.Tensor, ps: list[float]) -> torch.Tensor:
+    if all(p >= 1.0 for p in ps):
+        return logits
+    top_p = torch.tensor(ps, device=logits.device, dtype=logits.dtype)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it already does.
+    drop = (cum - sorted_logits.softmax(dim=-1)) >= top_p[:, None]
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, -float("inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _min_p(probs: torch.Tensor, min_ps: list[float]) -> torch.Tensor:
+    if all(p == 0 for p in min_ps):
+        return probs
+    threshold = torch.tensor(min_ps, device=probs.device, dtype=probs.dtype)[:, None] * probs.max(-1, keepdim=True).values
+    return probs.masked_fill(probs < threshold, 0.0)
