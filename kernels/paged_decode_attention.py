@@ -1,0 +1,243 @@
+"""Paged decode attention: one new query token per sequence against its paged KV cache.
+
+Split-K "flash-decoding": each program handles one (sequence, kv head, split) and all the query heads
+that share that kv head (GQA), so every K/V byte is read from memory once. With more than one split, a
+second kernel merges the per-split partial outputs through their log-sum-exp. The grid depends only on
+shapes and python ints, so the launcher is safe to capture in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import FLOAT_DTYPES, check_same_device, check_shape, check_tensor, is_power_of_two
+
+
+def gather_paged_kv(
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_table: torch.Tensor,  # [max_blocks_per_seq] int32
+    length: int,
+) -> torch.Tensor:  # [length, num_kv_heads, head_dim]
+    """The first `length` tokens of one sequence, gathered through its block table."""
+    block_size = cache.shape[1]
+    pos = torch.arange(length, device=cache.device)
+    blocks = block_table.long()[pos // block_size]
+    return cache[blocks, pos % block_size]
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor,  # [num_seqs, num_q_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+) -> torch.Tensor:  # [num_seqs, num_q_heads, head_dim], q.dtype
+    """Pure-torch reference: gather each sequence's K/V, softmax attention in fp32."""
+    num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    out = torch.empty_like(q)
+    for s in range(q.shape[0]):
+        n = int(context_lens[s])
+        k = gather_paged_kv(k_cache, block_tables[s], n).float().repeat_interleave(group, dim=1)
+        v = gather_paged_kv(v_cache, block_tables[s], n).float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[s].float(), k) * scale  # [num_q_heads, n]
+        out[s] = torch.einsum("hn,nhd->hd", scores.softmax(dim=-1), v).to(q.dtype)
+    return out
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
+    scale, num_splits,
+    stride_qs, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_os, stride_oh,
+    QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT_OUT: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(context_lens_ptr + seq)
+    # Splits divide this sequence's own length, so every program of a sequence gets equal work.
+    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, ctx)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    q_heads = kv_head * QUERIES_PER_KV + offs_g
+    g_mask = offs_g < QUERIES_PER_KV
+    q = tl.load(
+        q_ptr + seq * stride_qs + q_heads[:, None] * stride_qh + offs_d[None, :],
+        mask=g_mask[:, None], other=0.0,
+    )  # fmt: skip
+    qk_scale = scale * 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2(e))
+    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    bt_row = block_tables_ptr + seq * stride_bts
+    head_off = kv_head * stride_ch
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        valid = pos < end
+        block = tl.load(bt_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        tok_off = block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + head_off  # [BLOCK_N]
+        kv_off = tok_off[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
+        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [GROUP_PAD, BLOCK_N]
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    has_tokens = l_i > 0
+    out = acc / tl.where(has_tokens, l_i, 1.0)[:, None]  # empty split or context: zeros, never NaN
+    if DIRECT_OUT:
+        o_ptrs = out_ptr + seq * stride_os + q_heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+    else:
+        row = (seq * (QUERIES_PER_KV * tl.num_programs(1)) + q_heads) * num_splits + split  # [GROUP_PAD]
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=g_mask[:, None])
+        lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + row, lse, mask=g_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride_os, stride_oh,
+    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    row0 = (seq * tl.num_programs(1) + head) * num_splits
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_mask = offs_s < num_splits
+    lse = tl.load(part_lse_ptr + row0 + offs_s, mask=s_mask, other=float("-inf"))  # log2 domain
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)  # [SPLITS_PAD], 0 for empty splits
+    part = tl.load(
+        part_out_ptr + (row0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None], other=0.0
+    )
+    total = tl.sum(w, 0)
+    out = tl.sum(part * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+_NUM_SMS: dict[str, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    key = str(device)
+    if key not in _NUM_SMS:
+        _NUM_SMS[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _NUM_SMS[key]
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int = 132) -> int:
+    """Splits per sequence: enough programs to give each SM several, each split >= 512 tokens.
+
+    Depends only on python ints, so a CUDA graph captured for a batch shape stays valid.
+    """
+    programs = max(1, num_seqs * num_kv_heads)
+    wanted = math.ceil(4 * num_sms / programs)
+    by_length = max(1, max_context_len // 512)
+    return int(max(1, min(wanted, by_length, 64)))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [num_seqs, num_q_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+    out: torch.Tensor | None = None,  # [num_seqs, num_q_heads, head_dim]
+    num_splits: int | None = None,
+    max_context_len: int | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:  # [num_seqs, num_q_heads, head_dim], q.dtype
+    """Attention of one query token per sequence over `context_lens[s]` cached tokens (tokens 0..n-1).
+
+    q, k_cache, v_cache share a dtype (fp16, bf16 or fp32); head_dim is a power of two >= 16 and
+    block_size a power of two >= 1. `scale` multiplies q.k (usually head_dim ** -0.5). `num_splits`
+    overrides the split-K heuristic, which uses `max_context_len` (tokens, a python int; default
+    max_blocks_per_seq * block_size). No host syncs: safe under CUDA graph capture.
+    Raises ValueError on bad shapes, dtypes or layouts.
+    """
+    check_tensor("q", q, 3, FLOAT_DTYPES)
+    check_tensor("k_cache", k_cache, 4, FLOAT_DTYPES, contiguous=True)
+    check_tensor("v_cache", v_cache, 4, FLOAT_DTYPES, contiguous=True)
+    check_tensor("block_tables", block_tables, 2, (torch.int32,))
+    check_tensor("context_lens", context_lens, 1, (torch.int32,))
+    check_same_device(
+        q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens
+    )
+    num_seqs, num_q_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    check_shape("k_cache", k_cache, (num_blocks, block_size, num_kv_heads, head_dim))
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    check_shape("context_lens", context_lens, (num_seqs,))
+    if block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables must have {num_seqs} rows, got shape {tuple(block_tables.shape)}")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"num_q_heads={num_q_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    if head_dim < 16 or not is_power_of_two(head_dim):
+        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    if not is_power_of_two(block_size):
+        raise ValueError(f"block_size must be a power of two, got {block_size}")
+    if out is None:
+        out = torch.empty_like(q)
+    check_tensor("out", out, 3, (q.dtype,))
+    check_shape("out", out, tuple(q.shape))
+    if num_seqs == 0:
+        return out
+    if max_context_len is None:
+        max_context_len = block_tables.shape[1] * block_size
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, _num_sms(q.device))
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    group = num_q_heads // num_kv_heads
+    if block_n is None:
+        block_n = 64 if head_dim <= 128 else 32
+    direct = num_splits == 1
+    if direct:
+        part_out = part_lse = out  # unused by the kernel
+    else:
+        part_out = torch.empty(
+            num_seqs, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
+        part_lse = torch.empty(num_seqs, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
+        float(scale), num_splits,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        QUERIES_PER_KV=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT_OUT=direct,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    if not direct:
+        _decode_reduce_kernel[(num_seqs, num_q_heads)](
+            part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,157 @@
+"""Varlen (chunked) prefill attention that reads K/V from the paged cache only.
+
+Sequence b brings q_len_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] new query tokens; its KV length after
+this step is context_lens[b] (cached prefix + the new chunk, already written to the cache). Query token i
+sits at position context_lens[b] - q_len_b + i and attends causally to KV positions <= its own.
+One program handles BLOCK_M query tokens of one sequence and one query head.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import FLOAT_DTYPES, check_same_device, check_shape, check_tensor, is_power_of_two
+from kernels.paged_decode_attention import gather_paged_kv
+
+
+def paged_prefill_attention_ref(
+    q: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
+    """Pure-torch reference: gather each sequence's K/V, causal softmax attention in fp32."""
+    group = q.shape[1] // k_cache.shape[2]
+    out = torch.empty_like(q)
+    for b in range(context_lens.shape[0]):
+        q0, q1, n = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]), int(context_lens[b])
+        k = gather_paged_kv(k_cache, block_tables[b], n).float().repeat_interleave(group, dim=1)
+        v = gather_paged_kv(v_cache, block_tables[b], n).float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("thd,nhd->htn", q[q0:q1].float(), k) * scale  # [heads, q_len, n]
+        q_pos = torch.arange(n - (q1 - q0), n, device=q.device)
+        causal = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]  # [q_len, n]
+        scores = scores.masked_fill(~causal, float("-inf"))
+        out[q0:q1] = torch.einsum("htn,nhd->thd", scores.softmax(dim=-1), v).to(q.dtype)
+    return out
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
+    scale, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_ot, stride_oh,
+    QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    if tile * BLOCK_M >= q_len:
+        return
+    ctx = tl.load(context_lens_ptr + seq)
+    prefix = ctx - q_len
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    m_valid = offs_m < q_len
+    q_pos = prefix + offs_m  # [BLOCK_M], >= 0, so KV position 0 keeps every row's max finite
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+        mask=m_valid[:, None],
+        other=0.0,
+    )
+    qk_scale = scale * 1.4426950408889634
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    bt_row = block_tables_ptr + seq * stride_bts
+    head_off = (head // QUERIES_PER_KV) * stride_ch
+    kv_end = tl.minimum(ctx, prefix + (tile + 1) * BLOCK_M)  # causal: nothing past this tile's last query
+    for n0 in range(0, kv_end, BLOCK_N):
+        pos = n0 + offs_n
+        valid = pos < kv_end
+        block = tl.load(bt_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        kv_off = (block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + head_off)[:, None] + offs_d[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N]
+        s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+    max_seqlen_q: int,
+    out: torch.Tensor | None = None,  # [num_tokens, num_q_heads, head_dim]
+    block_m: int = 64,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
+    """Causal varlen attention of new query tokens over the paged cache (see the module docstring).
+
+    `max_seqlen_q` (a python int, tokens) bounds every q_len_b and sizes the grid, so no host sync is
+    needed. Requires context_lens[b] >= q_len_b. head_dim: power of two >= 16. `scale` multiplies q.k.
+    Raises ValueError on bad shapes, dtypes or layouts.
+    """
+    check_tensor("q", q, 3, FLOAT_DTYPES)
+    check_tensor("k_cache", k_cache, 4, FLOAT_DTYPES, contiguous=True)
+    check_tensor("v_cache", v_cache, 4, FLOAT_DTYPES, contiguous=True)
+    check_tensor("block_tables", block_tables, 2, (torch.int32,))
+    check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,))
+    check_tensor("context_lens", context_lens, 1, (torch.int32,))
+    check_same_device(
+        q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, cu_seqlens_q=cu_seqlens_q
+    )
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs = context_lens.shape[0]
+    check_shape("k_cache", k_cache, (num_blocks, block_size, num_kv_heads, head_dim))
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    check_shape("cu_seqlens_q", cu_seqlens_q, (num_seqs + 1,))
+    if block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables must have {num_seqs} rows, got shape {tuple(block_tables.shape)}")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"num_q_heads={num_q_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    if head_dim < 16 or not is_power_of_two(head_dim):
+        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    if not is_power_of_two(block_size):
+        raise ValueError(f"block_size must be a power of two, got {block_size}")
+    if out is None:
+        out = torch.empty_like(q)
+    check_tensor("out", out, 3, (q.dtype,))
+    check_shape("out", out, tuple(q.shape))
+    if num_tokens == 0 or num_seqs == 0 or max_seqlen_q <= 0:
+        return out
+    grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_q_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
+        float(scale), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        QUERIES_PER_KV=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,97 @@
+import pytest
+import torch
+from _util import assert_rel_close, make_paged_kv, poisoned, rel_tol
+
+from kernels.paged_decode_attention import (
+    choose_num_splits,
+    paged_decode_attention,
+    paged_decode_attention_ref,
+)
+
+# (context_lens, num_q_heads, num_kv_heads, head_dim, block_size, num_splits)
+CASES = [
+    ([1, 16, 37], 4, 4, 64, 16, None),  # GQA 1, lengths on/off block boundaries
+    ([33, 64, 5], 8, 4, 64, 32, 2),  # GQA 2
+    ([100, 17], 8, 2, 128, 16, 3),  # GQA 4, head_dim 128, split-K
+    ([47, 96, 2], 9, 3, 64, 16, 4),  # GQA 3 (SmolLM2), one split shorter than the others
+    ([129, 31], 4, 1, 32, 32, 1),  # MQA, head_dim 32
+    ([3], 2, 2, 16, 16, 8),  # more splits than tokens: empty splits must not produce NaN
+]
+
+
+@pytest.mark.parametrize("context_lens,hq,hk,d,bs,splits", CASES)
+def test_decode_matches_reference(device, context_lens, hq, hk, d, bs, splits):
+    gen = torch.Generator().manual_seed(hash((tuple(context_lens), hq, d)) % 2**31)
+    k_cache, v_cache, bt, lens = make_paged_kv(context_lens, hk, d, bs, torch.float32, device, gen=gen)
+    q = torch.randn(len(context_lens), hq, d, generator=gen).to(device)
+    out = poisoned(q.shape, q.dtype, device)
+    paged_decode_attention(q, k_cache, v_cache, bt, lens, d**-0.5, out=out, num_splits=splits)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens, d**-0.5)
+    assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
+
+
+def test_decode_fp16_strided_q(device):
+    gen = torch.Generator().manual_seed(7)
+    k_cache, v_cache, bt, lens = make_paged_kv([40, 9], 2, 64, 16, torch.float16, device, gen=gen)
+    qkv = torch.randn(2, 12, 64, generator=gen).to(device=device, dtype=torch.float16)
+    q = qkv[:, :8]  # a view of a fused qkv tensor: strided over tokens
+    out = paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.125, num_splits=2)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens, 0.125)
+    assert_rel_close(out, ref, rel_tol(torch.float16, device))
+
+
+def test_choose_num_splits_depends_on_ints_only():
+    assert choose_num_splits(64, 8, 16384) >= 1
+    assert choose_num_splits(1, 8, 16384) > choose_num_splits(1, 8, 1024)
+    assert choose_num_splits(1, 8, 100) == 1
+
+
+def test_decode_rejects_bad_inputs(device):
+    k_cache, v_cache, bt, lens = make_paged_kv([5], 2, 64, 16, torch.float32, device)
+    q = torch.randn(1, 4, 64, device=device)
+    with pytest.raises(ValueError, match="context_lens"):
+        paged_decode_attention(q, k_cache, v_cache, bt, lens.long(), 0.1)
+    with pytest.raises(ValueError, match="multiple"):
+        paged_decode_attention(torch.randn(1, 3, 64, device=device), k_cache, v_cache, bt, lens, 0.1)
+    with pytest.raises(ValueError, match="contiguous"):
+        paged_decode_attention(q, k_cache.transpose(0, 1), v_cache, bt, lens, 0.1)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        paged_decode_attention(q.half(), k_cache, v_cache, bt, lens, 0.1)
+    with pytest.raises(ValueError, match="head_dim"):
+        paged_decode_attention(
+            q[..., :48], k_cache[..., :48].contiguous(), v_cache[..., :48].contiguous(), bt, lens, 0.1
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hk,bs", [(32, 8, 16), (32, 8, 32), (9, 3, 16), (16, 16, 16)])
+@pytest.mark.parametrize("splits", [None, 1, 5])
+def test_decode_bf16_real_shapes(hq, hk, bs, splits):
+    gen = torch.Generator().manual_seed(0)
+    lens = torch.randint(1, 3000, (24,), generator=gen).tolist() + [4096, 1]
+    k_cache, v_cache, bt, lens_t = make_paged_kv(lens, hk, 128, bs, torch.bfloat16, "cuda", gen=gen)
+    q = torch.randn(len(lens), hq, 128, generator=gen).to("cuda", torch.bfloat16)
+    out = poisoned(q.shape, q.dtype, "cuda")
+    paged_decode_attention(q, k_cache, v_cache, bt, lens_t, 128**-0.5, out=out, num_splits=splits)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens_t, 128**-0.5)
+    assert_rel_close(out, ref, rel_tol(torch.bfloat16, "cuda"))
+
+
+@pytest.mark.gpu
+def test_decode_cuda_graph_replay():
+    lens = [700, 3, 2049, 128]
+    k_cache, v_cache, bt, lens_t = make_paged_kv(lens, 8, 128, 16, torch.bfloat16, "cuda")
+    q = torch.randn(4, 32, 128, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    max_len = bt.shape[1] * 16
+    paged_decode_attention(
+        q, k_cache, v_cache, bt, lens_t, 0.088, out=out, max_context_len=max_len
+    )  # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode_attention(q, k_cache, v_cache, bt, lens_t, 0.088, out=out, max_context_len=max_len)
+    q.copy_(torch.randn_like(q))
+    lens_t.copy_(torch.tensor([701, 4, 2050, 129], dtype=torch.int32))
+    graph.replay()
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens_t, 0.088)
+    assert_rel_close(out, ref, rel_tol(torch.bfloat16, "cuda"))
