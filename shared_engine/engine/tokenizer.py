@@ -6,8 +6,9 @@ from pathlib import Path
 
 
 def load_tokenizer(path: Path | None):
-    """A `transformers` fast tokenizer from a local directory, or None (token-id prompts only)."""
-    if path is None:
+    """A `transformers` fast tokenizer from a local directory, or None when there is none (token-id
+    prompts only, e.g. a dummy-weight model from a shape preset)."""
+    if path is None or not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         return None
     from transformers import AutoTokenizer
 
