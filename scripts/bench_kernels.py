@@ -1,0 +1,279 @@
+"""Time the Triton kernels on a CUDA GPU against torch, with bytes-moved bandwidth; write a JSON file.
+
+Usage: python scripts/bench_kernels.py --out results.json [--sweep] [--commit SHA]
+
+Ceilings measured in the same run: device-to-device copy bandwidth (bytes read + written) and a bf16
+8192^3 matrix product. Decode attention (batch 64, 32 q / 8 kv heads, head_dim 128, bf16, block size 16,
+shuffled block tables) is compared with torch SDPA(enable_gqa=True) on contiguous K/V of the same shapes.
+Times are medians of triton.testing.do_bench (CUDA events, L2 flushed between runs), in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels import (  # noqa: E402
+    apply_rotary_embedding,
+    apply_rotary_embedding_ref,
+    build_cos_sin_cache,
+    choose_num_splits,
+    paged_decode_attention,
+    paged_prefill_attention,
+    rms_norm,
+    rms_norm_ref,
+    sample_tokens,
+    sample_tokens_ref,
+    silu_and_mul,
+    silu_and_mul_ref,
+    write_kv_cache,
+    write_kv_cache_ref,
+)
+
+DEV, BF16 = "cuda", torch.bfloat16
+NUM_SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+
+
+def bench_us(fn, rep_ms: int = 100) -> float:
+    return do_bench(fn, warmup=max(10, rep_ms // 4), rep=rep_ms, return_mode="median") * 1e3
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def measure_ceilings() -> dict:
+    src = torch.randn(2**30, device=DEV, dtype=BF16)  # 2 GiB
+    dst = torch.empty_like(src)
+    t = bench_us(lambda: dst.copy_(src))
+    copy_gbs = 2 * src.numel() * 2 / t / 1e3
+    a = torch.randn(8192, 8192, device=DEV, dtype=BF16)
+    b = torch.randn(8192, 8192, device=DEV, dtype=BF16)
+    t_mm = bench_us(lambda: a @ b)
+    return {"copy_GBps": copy_gbs, "bf16_matmul_TFLOPs": 2 * 8192**3 / t_mm / 1e6}
+
+
+def paged_setup(batch, ctx, hk, d, bs, gen):
+    nblk = batch * ctx // bs
+    k_cache = torch.randn(nblk, bs, hk, d, device=DEV, dtype=BF16)
+    v_cache = torch.randn(nblk, bs, hk, d, device=DEV, dtype=BF16)
+    bt = torch.randperm(nblk, device=DEV, generator=gen).view(batch, ctx // bs).int()
+    return k_cache, v_cache, bt
+
+
+def contiguous_kv(cache, bt):  # [batch, num_kv_heads, ctx, head_dim]
+    b, nb = bt.shape
+    return (
+        cache[bt.long()]
+        .reshape(b, nb * cache.shape[1], cache.shape[2], cache.shape[3])
+        .transpose(1, 2)
+        .contiguous()
+    )
+
+
+def bench_decode(ctx: int, copy_gbs: float, sweep: bool, gen) -> dict:
+    batch, hq, hk, d, bs = 64, 32, 8, 128, 16
+    k_cache, v_cache, bt = paged_setup(batch, ctx, hk, d, bs, gen)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
+    q = torch.randn(batch, hq, d, device=DEV, dtype=BF16)
+    scale = d**-0.5
+    k, v = contiguous_kv(k_cache, bt), contiguous_kv(v_cache, bt)
+    q4 = q.unsqueeze(2)  # [batch, hq, 1, d]
+    ref = F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True).squeeze(2)
+    t_sdpa = bench_us(lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True))
+    out = torch.empty_like(q)
+
+    def run(**kw):
+        return lambda: paged_decode_attention(
+            q, k_cache, v_cache, bt, lens, scale, out=out, max_context_len=ctx, **kw
+        )
+
+    run()()
+    err = rel_err(out, ref)
+    t_ours = bench_us(run())
+    nbytes = 2 * batch * ctx * hk * d * 2 + 2 * q.numel() * 2
+    res = {
+        "context": ctx,
+        "num_splits": choose_num_splits(batch, hk, ctx, NUM_SMS),
+        "ours_us": t_ours,
+        "sdpa_us": t_sdpa,
+        "ours_speed_pct_of_sdpa": 100 * t_sdpa / t_ours,
+        "bytes": nbytes,
+        "ours_pct_copy_bw": 100 * nbytes / t_ours / 1e3 / copy_gbs,
+        "sdpa_pct_copy_bw": 100 * nbytes / t_sdpa / 1e3 / copy_gbs,
+        "rel_err_vs_sdpa": err,
+    }
+    if sweep:
+        variants = []
+        for block_n, warps, stages, splits in itertools.product((32, 64, 128), (4, 8), (2, 3), (1, 2, 4, 8)):
+            kw = dict(block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits)
+            try:
+                run(**kw)()
+                variants.append({**kw, "us": bench_us(run(**kw), 40), "rel_err": rel_err(out, ref)})
+            except Exception as e:  # e.g. out of shared memory: record and go on
+                variants.append({**kw, "error": str(e)[:200]})
+        res["sweep"] = variants
+        ok = [x for x in variants if "us" in x]
+        res["sweep_best"] = min(ok, key=lambda x: x["us"]) if ok else None
+    return res
+
+
+def bench_prefill(matmul_tflops: float, sweep: bool, gen, qlen: int = 2048) -> dict:
+    nseq, hq, hk, d, bs = 4, 32, 8, 128, 16
+    k_cache, v_cache, bt = paged_setup(nseq, qlen, hk, d, bs, gen)
+    lens = torch.full((nseq,), qlen, dtype=torch.int32, device=DEV)
+    cu = torch.arange(0, (nseq + 1) * qlen, qlen, dtype=torch.int32, device=DEV)
+    q = torch.randn(nseq * qlen, hq, d, device=DEV, dtype=BF16)
+    k, v = contiguous_kv(k_cache, bt), contiguous_kv(v_cache, bt)
+    q4 = q.view(nseq, qlen, hq, d).transpose(1, 2)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=d**-0.5, enable_gqa=True)
+
+    out = paged_prefill_attention(q, k_cache, v_cache, bt, cu, lens, d**-0.5, qlen)
+    err = rel_err(out, sdpa().transpose(1, 2).reshape_as(q))
+    t_ours = bench_us(
+        lambda: paged_prefill_attention(q, k_cache, v_cache, bt, cu, lens, d**-0.5, qlen, out=out)
+    )
+    t_sdpa = bench_us(sdpa)
+    flops = 4 * nseq * hq * qlen * qlen * d / 2  # causal: half of QK^T and PV
+    variants = []
+    for bm, bn, warps, stages in (
+        (64, 64, 4, 2),
+        (128, 64, 8, 2),
+        (128, 64, 4, 3),
+        (64, 32, 4, 3),
+        (128, 32, 8, 3),
+    ):
+        if not sweep:
+            break
+        kw = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+        try:
+            fn = lambda kw=kw: paged_prefill_attention(
+                q, k_cache, v_cache, bt, cu, lens, d**-0.5, qlen, out=out, **kw
+            )
+            fn()
+            variants.append(
+                {**kw, "us": bench_us(fn), "rel_err": rel_err(out, sdpa().transpose(1, 2).reshape_as(q))}
+            )
+        except Exception as e:  # e.g. out of shared memory: record and go on
+            variants.append({**kw, "error": str(e)[:200]})
+    return {
+        "sweep": variants,
+        "shape": f"{nseq}x{qlen} tokens, {hq}/{hk} heads, d{d}, bs{bs}",
+        "ours_us": t_ours,
+        "sdpa_us": t_sdpa,
+        "ours_TFLOPs": flops / t_ours / 1e6,
+        "sdpa_TFLOPs": flops / t_sdpa / 1e6,
+        "ours_pct_matmul_peak": 100 * flops / t_ours / 1e6 / matmul_tflops,
+        "rel_err_vs_sdpa": err,
+    }
+
+
+def bench_elementwise(copy_gbs: float, gen, n: int = 8192) -> dict:
+    hidden, inter, hq, hk, d = 4096, 14336, 32, 8, 128
+    x = torch.randn(n, hidden, device=DEV, dtype=BF16)
+    r, w = torch.randn_like(x), torch.randn(hidden, device=DEV, dtype=BF16)
+    gu = torch.randn(n, 2 * inter, device=DEV, dtype=BF16)
+    cache = build_cos_sin_cache(d, 8192, 500000.0).to(DEV)
+    pos = torch.randint(0, 8192, (n,), device=DEV, generator=gen)
+    q, k = torch.randn(n, hq, d, device=DEV, dtype=BF16), torch.randn(n, hk, d, device=DEV, dtype=BF16)
+    kc = torch.randn(n // 16 * 2, 16, hk, d, device=DEV, dtype=BF16)
+    vc = torch.randn_like(kc)
+    slots = torch.randperm(kc.shape[0] * 16, device=DEV, generator=gen)[:n]
+    logits = torch.randn(256, 151936, device=DEV)
+    temps = torch.full((256,), 0.8, device=DEV)
+    seeds, offs = torch.arange(256, device=DEV), torch.zeros(256, dtype=torch.int64, device=DEV)
+    cases = {
+        "rms_norm_residual": (
+            lambda: rms_norm(x, w, 1e-5, r),
+            lambda: rms_norm_ref(x, w, 1e-5, r),
+            4 * x.numel() * 2,
+        ),
+        "silu_and_mul": (lambda: silu_and_mul(gu), lambda: silu_and_mul_ref(gu), 3 * n * inter * 2),
+        "rotary": (
+            lambda: apply_rotary_embedding(pos, q, k, cache),
+            lambda: apply_rotary_embedding_ref(pos, q, k, cache),
+            2 * (q.numel() + k.numel()) * 2 + n * d * 4,
+        ),
+        "kv_write": (
+            lambda: write_kv_cache(k, k, kc, vc, slots),
+            lambda: write_kv_cache_ref(k, k, kc, vc, slots),
+            4 * k.numel() * 2,
+        ),
+        "sampling": (
+            lambda: sample_tokens(logits, temps, seeds, offs),
+            lambda: sample_tokens_ref(logits, temps),
+            logits.numel() * 4,
+        ),
+    }
+    res = {}
+    for name, (ours, eager, nbytes) in cases.items():
+        t_o, t_e = bench_us(ours), bench_us(eager)
+        res[name] = {"ours_us": t_o, "torch_eager_us": t_e, "bytes": nbytes, "ours_GBps": nbytes / t_o / 1e3}
+        res[name]["ours_pct_copy_bw"] = 100 * res[name]["ours_GBps"] / copy_gbs
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="path of the JSON results file")
+    ap.add_argument("--sweep", action="store_true", help="also time decode variants (block_n, warps, stages)")
+    ap.add_argument("--commit", default=None, help="git commit (default: git rev-parse HEAD)")
+    args = ap.parse_args()
+    commit = args.commit
+    if commit is None:
+        git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+        commit = git.stdout.strip() or "unknown"
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    torch.manual_seed(0)
+    results = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "commit": commit,
+        "ceilings": measure_ceilings(),
+    }
+    copy_gbs = results["ceilings"]["copy_GBps"]
+    print(f"ceilings: {results['ceilings']}", flush=True)
+    results["decode"] = []
+    for ctx in (1024, 4096, 16384):
+        results["decode"].append(bench_decode(ctx, copy_gbs, args.sweep, gen))
+        torch.cuda.empty_cache()
+        print(f"decode {ctx}: {json.dumps({k: v for k, v in results['decode'][-1].items() if k != 'sweep'})}")
+    results["prefill"] = bench_prefill(results["ceilings"]["bf16_matmul_TFLOPs"], args.sweep, gen)
+    results["elementwise"] = bench_elementwise(copy_gbs, gen)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+
+    ceil = results["ceilings"]
+    print(f"\n{results['gpu']}  copy {copy_gbs:.0f} GB/s  matmul {ceil['bf16_matmul_TFLOPs']:.0f} TFLOP/s")
+    print("decode ctx | ours us | sdpa us | % of sdpa speed | ours % bw | sdpa % bw | best sweep us")
+    for r in results["decode"]:
+        best = r.get("sweep_best") or {}
+        print(
+            f"{r['context']:>10} | {r['ours_us']:7.1f} | {r['sdpa_us']:7.1f}"
+            f" | {r['ours_speed_pct_of_sdpa']:15.1f} | {r['ours_pct_copy_bw']:9.1f}"
+            f" | {r['sdpa_pct_copy_bw']:9.1f} | {best.get('us', float('nan')):.1f}"
+        )
+        if best:
+            print(f"{'':>10}   best: {best}")
+    p = results["prefill"]
+    print(f"prefill {p['shape']}: ours {p['ours_us']:.0f} us ({p['ours_TFLOPs']:.0f} TFLOP/s)", end="")
+    print(f", sdpa {p['sdpa_us']:.0f} us ({p['sdpa_TFLOPs']:.0f} TFLOP/s)")
+    for name, r in results["elementwise"].items():
+        print(f"{name:>18}: ours {r['ours_us']:8.1f} us ({r['ours_pct_copy_bw']:5.1f}% bw)", end="")
+        print(f", torch eager {r['torch_eager_us']:8.1f} us")
+
+
+if __name__ == "__main__":
+    main()
