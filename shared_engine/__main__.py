@@ -1,0 +1,27 @@
+"""`python -m shared_engine <command>` (also the `shared-engine` console script).
+
+Commands: `prepare-model` (convert the embedded default model once and print its directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shared-engine", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("prepare-model", help="convert the embedded default model (SmolLM2-135M-Instruct) once")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    if args.command == "prepare-model":
+        from shared_engine.model_loader.default_model import default_model_dir
+
+        print(default_model_dir())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
