@@ -41,3 +41,16 @@ def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
 
 def is_power_of_two(n: int) -> bool:
     return n > 0 and (n & (n - 1)) == 0
+
+
+_NUM_SMS: dict[str, int] = {}
+
+
+def device_num_sms(device: torch.device) -> int:
+    """Multiprocessor count of a CUDA device (cached: no query per call); 132 (H100/H200) elsewhere."""
+    if device.type != "cuda":
+        return 132
+    key = str(device)
+    if key not in _NUM_SMS:
+        _NUM_SMS[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _NUM_SMS[key]

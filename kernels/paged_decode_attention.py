@@ -14,7 +14,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import FLOAT_DTYPES, check_same_device, check_shape, check_tensor, is_power_of_two
+from kernels._checks import (
+    FLOAT_DTYPES,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    device_num_sms,
+    is_power_of_two,
+)
 
 
 def gather_paged_kv(
@@ -135,25 +142,16 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
-_NUM_SMS: dict[str, int] = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132
-    key = str(device)
-    if key not in _NUM_SMS:
-        _NUM_SMS[key] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _NUM_SMS[key]
-
-
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int = 132) -> int:
-    """Splits per sequence: enough programs to give each SM several, each split >= 512 tokens.
+    """Splits per sequence: about two programs per SM, each split >= 512 tokens.
+
+    On the H200 (132 SMs), batch 64 x 8 kv heads ran fastest unsplit at 1k-16k tokens (see
+    benchmarks/KERNEL_NOTES.md); splits pay when seqs * kv_heads is small next to the SM count.
 
     Depends only on python ints, so a CUDA graph captured for a batch shape stays valid.
     """
     programs = max(1, num_seqs * num_kv_heads)
-    wanted = math.ceil(4 * num_sms / programs)
+    wanted = math.ceil(2 * num_sms / programs)
     by_length = max(1, max_context_len // 512)
     return int(max(1, min(wanted, by_length, 64)))
 
@@ -170,7 +168,7 @@ def paged_decode_attention(
     max_context_len: int | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
-    num_stages: int = 2,
+    num_stages: int = 3,
 ) -> torch.Tensor:  # [num_seqs, num_q_heads, head_dim], q.dtype
     """Attention of one query token per sequence over `context_lens[s]` cached tokens (tokens 0..n-1).
 
@@ -212,7 +210,7 @@ def paged_decode_attention(
     if max_context_len is None:
         max_context_len = block_tables.shape[1] * block_size
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, _num_sms(q.device))
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, device_num_sms(q.device))
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     group = num_q_heads // num_kv_heads

@@ -41,6 +41,34 @@ def paged_prefill_attention_ref(
 
 
 @triton.jit
+def _attend_kv_range(
+    q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, q_pos, kv_start, kv_end, qk_scale,
+    stride_cb, stride_ct, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+):  # fmt: skip
+    """Online-softmax update over KV positions [kv_start, kv_end); masks only where CAUSAL_MASK."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(kv_start, kv_end, BLOCK_N):
+        pos = n0 + offs_n
+        valid = pos < kv_end
+        block = tl.load(bt_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        kv_off = (block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + head_off)[:, None] + offs_d[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N]
+        if CAUSAL_MASK:
+            s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
     scale, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_ot, stride_oh,
@@ -58,37 +86,28 @@ def _prefill_kernel(
     prefix = ctx - q_len
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tl.arange(0, BLOCK_N)
     m_valid = offs_m < q_len
     q_pos = prefix + offs_m  # [BLOCK_M], >= 0, so KV position 0 keeps every row's max finite
     q_rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(
-        q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-        mask=m_valid[:, None],
-        other=0.0,
-    )
-    qk_scale = scale * 1.4426950408889634
+    q_ptrs = q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=m_valid[:, None], other=0.0)
+    qk_scale = scale * 1.4426950408889634  # softmax in base 2
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     bt_row = block_tables_ptr + seq * stride_bts
     head_off = (head // QUERIES_PER_KV) * stride_ch
-    kv_end = tl.minimum(ctx, prefix + (tile + 1) * BLOCK_M)  # causal: nothing past this tile's last query
-    for n0 in range(0, kv_end, BLOCK_N):
-        pos = n0 + offs_n
-        valid = pos < kv_end
-        block = tl.load(bt_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        kv_off = (block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + head_off)[:, None] + offs_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N]
-        s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    # KV blocks wholly at or before this tile's first query need no mask; the rest, up to its last query, do
+    kv_end = tl.minimum(ctx, prefix + (tile + 1) * BLOCK_M)
+    full_end = tl.minimum((prefix + tile * BLOCK_M + 1) // BLOCK_N * BLOCK_N, kv_end)
+    m_i, l_i, acc = _attend_kv_range(
+        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, q_pos, 0, full_end, qk_scale,
+        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False,
+    )  # fmt: skip
+    m_i, l_i, acc = _attend_kv_range(
+        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, q_pos, full_end, kv_end, qk_scale,
+        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True,
+    )  # fmt: skip
     out = acc / l_i[:, None]
     o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
@@ -104,10 +123,10 @@ def paged_prefill_attention(
     scale: float,
     max_seqlen_q: int,
     out: torch.Tensor | None = None,  # [num_tokens, num_q_heads, head_dim]
-    block_m: int = 64,
+    block_m: int = 128,
     block_n: int = 64,
     num_warps: int = 4,
-    num_stages: int = 2,
+    num_stages: int = 3,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
     """Causal varlen attention of new query tokens over the paged cache (see the module docstring).
 

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_same_device, check_tensor
+from kernels._checks import check_same_device, check_tensor, device_num_sms
 
 
 def sample_tokens_ref(
@@ -35,9 +35,12 @@ def sample_tokens_ref(
 
 @triton.jit
 def _sample_kernel(
-    logits_ptr, temp_ptr, seed_ptr, offset_ptr, out_ptr, vocab, stride_l, BLOCK_V: tl.constexpr
-):
+    logits_ptr, temp_ptr, seed_ptr, offset_ptr, best_val_ptr, best_idx_ptr,
+    vocab, split_len, stride_l, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Best (key, index) of one vocab slice of one row; keys: logits (greedy) or logits / T + Gumbel."""
     row = tl.program_id(0)
+    split = tl.program_id(1)
     temp = tl.load(temp_ptr + row)
     seed = tl.load(seed_ptr + row)
     counter0 = tl.load(offset_ptr + row) * vocab
@@ -46,7 +49,8 @@ def _sample_kernel(
     best_val = float("-inf")
     best_idx = 0
     row_ptr = logits_ptr + row.to(tl.int64) * stride_l
-    for v0 in range(0, vocab, BLOCK_V):
+    start = split * split_len
+    for v0 in range(start, tl.minimum(start + split_len, vocab), BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
         mask = offs < vocab
         x = tl.load(row_ptr + offs, mask=mask, other=float("-inf"))
@@ -59,7 +63,9 @@ def _sample_kernel(
         better = blk_val > best_val  # strict: earlier blocks win ties
         best_idx = tl.where(better, v0 + blk_idx, best_idx)
         best_val = tl.where(better, blk_val, best_val)
-    tl.store(out_ptr + row, best_idx.to(tl.int64))
+    out = row * tl.num_programs(1) + split
+    tl.store(best_val_ptr + out, best_val)
+    tl.store(best_idx_ptr + out, best_idx.to(tl.int64))
 
 
 def sample_tokens(
@@ -93,7 +99,17 @@ def sample_tokens(
         raise ValueError(f"out must have {num_seqs} entries, got {out.shape[0]}")
     if num_seqs > 0:
         block_v = min(4096, triton.next_power_of_2(vocab))
-        _sample_kernel[(num_seqs,)](
-            logits, temperatures, seeds, offsets, out, vocab, logits.stride(0), BLOCK_V=block_v, num_warps=8
-        )
+        # split each row's vocab so that large and small batches alike fill the GPU (~4 programs per SM)
+        num_blocks = triton.cdiv(vocab, block_v)
+        num_splits = max(1, min(num_blocks, triton.cdiv(4 * device_num_sms(logits.device), num_seqs)))
+        split_len = triton.cdiv(num_blocks, num_splits) * block_v
+        num_splits = triton.cdiv(vocab, split_len)
+        best_val = torch.empty(num_seqs, num_splits, dtype=torch.float32, device=logits.device)
+        best_idx = torch.empty(num_seqs, num_splits, dtype=torch.int64, device=logits.device)
+        _sample_kernel[(num_seqs, num_splits)](
+            logits, temperatures, seeds, offsets, best_val, best_idx, vocab, split_len, logits.stride(0),
+            BLOCK_V=block_v, num_warps=8,
+        )  # fmt: skip
+        # first slice among equal maxima = lowest token id, as torch.argmax
+        torch.gather(best_idx, 1, best_val.argmax(dim=1, keepdim=True), out=out.view(num_seqs, 1))
     return out

@@ -128,6 +128,24 @@ def bench_decode(ctx: int, copy_gbs: float, sweep: bool, gen) -> dict:
     return res
 
 
+def bench_decode_small_batch(copy_gbs: float, gen) -> list[dict]:
+    """Split-K check where seqs * kv_heads is small next to the SM count (ctx 16k, 32/8 heads, d128)."""
+    rows = []
+    for batch in (1, 8):
+        ctx, hq, hk, d = 16384, 32, 8, 128
+        k_cache, v_cache, bt = paged_setup(batch, ctx, hk, d, 16, gen)
+        lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
+        q = torch.randn(batch, hq, d, device=DEV, dtype=BF16)
+        nbytes = 2 * batch * ctx * hk * d * 2
+        heuristic = choose_num_splits(batch, hk, ctx, NUM_SMS)
+        for splits in sorted({1, 4, 16, 32, heuristic}):
+            args = (q, k_cache, v_cache, bt, lens, 0.088)
+            t = bench_us(lambda args=args, s=splits: paged_decode_attention(*args, num_splits=s))
+            row = {"batch": batch, "context": ctx, "num_splits": splits, "heuristic": splits == heuristic}
+            rows.append({**row, "us": t, "pct_copy_bw": 100 * nbytes / t / 1e3 / copy_gbs})
+    return rows
+
+
 def bench_prefill(matmul_tflops: float, sweep: bool, gen, qlen: int = 2048) -> dict:
     nseq, hq, hk, d, bs = 4, 32, 8, 128, 16
     k_cache, v_cache, bt = paged_setup(nseq, qlen, hk, d, bs, gen)
@@ -251,6 +269,7 @@ def main() -> None:
         results["decode"].append(bench_decode(ctx, copy_gbs, args.sweep, gen))
         torch.cuda.empty_cache()
         print(f"decode {ctx}: {json.dumps({k: v for k, v in results['decode'][-1].items() if k != 'sweep'})}")
+    results["decode_small_batch"] = bench_decode_small_batch(copy_gbs, gen)
     results["prefill"] = bench_prefill(results["ceilings"]["bf16_matmul_TFLOPs"], args.sweep, gen)
     results["elementwise"] = bench_elementwise(copy_gbs, gen)
     Path(args.out).write_text(json.dumps(results, indent=1))
@@ -267,6 +286,9 @@ def main() -> None:
         )
         if best:
             print(f"{'':>10}   best: {best}")
+    for r in results["decode_small_batch"]:
+        tag = " (heuristic)" if r["heuristic"] else ""
+        print(f"decode batch {r['batch']} ctx {r['context']} splits {r['num_splits']}: {r['us']:.1f} us{tag}")
     p = results["prefill"]
     print(f"prefill {p['shape']}: ours {p['ours_us']:.0f} us ({p['ours_TFLOPs']:.0f} TFLOP/s)", end="")
     print(f", sdpa {p['sdpa_us']:.0f} us ({p['sdpa_TFLOPs']:.0f} TFLOP/s)")
