@@ -123,10 +123,10 @@ def paged_prefill_attention(
     scale: float,
     max_seqlen_q: int,
     out: torch.Tensor | None = None,  # [num_tokens, num_q_heads, head_dim]
-    block_m: int = 128,
+    block_m: int = 64,
     block_n: int = 64,
     num_warps: int = 4,
-    num_stages: int = 3,
+    num_stages: int = 2,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
     """Causal varlen attention of new query tokens over the paged cache (see the module docstring).
 
