@@ -1,6 +1,7 @@
 """`python -m shared_engine <command>` (also the `shared-engine` console script).
 
-Commands: `prepare-model` (convert the embedded default model once and print its directory).
+Commands: `prepare-model` (convert the embedded default model once and print its directory);
+`serve [MODEL] [--config FILE.yaml] [flags]` (the OpenAI-compatible server; needs the `server` extra).
 """
 
 from __future__ import annotations
@@ -14,12 +15,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shared-engine", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("prepare-model", help="convert the embedded default model (SmolLM2-135M-Instruct) once")
+    from shared_engine.entrypoints.openai.cli_args import add_serve_arguments, build_configs
+
+    add_serve_arguments(sub.add_parser("serve", help="run the OpenAI-compatible HTTP server"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     if args.command == "prepare-model":
         from shared_engine.model_loader.default_model import default_model_dir
 
         print(default_model_dir())
+    elif args.command == "serve":
+        try:
+            engine_config, server_config = build_configs(args)
+        except (ValueError, OSError) as e:
+            parser.error(str(e))
+        from shared_engine.entrypoints.openai.api_server import run_server
+
+        run_server(engine_config, server_config)
     return 0
 
 

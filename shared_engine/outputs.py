@@ -31,7 +31,9 @@ class RequestMetrics:
 @dataclass
 class CompletionOutput:
     """One of a request's `n` choices. `finish_reason` is "stop", "length", "abort" or None (running);
-    `stop_reason` is the stop string or stop token id that ended it (None for EOS or length)."""
+    `stop_reason` is the stop string or stop token id that ended it (None for EOS or length).
+    `stream_safe_len` is how many characters of `text` a stream may send now: it leaves out a tail that
+    may still turn out to be the start of a stop string (None: all of it)."""
 
     index: int
     text: str
@@ -40,6 +42,7 @@ class CompletionOutput:
     logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    stream_safe_len: int | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -100,6 +100,7 @@ class OutputBuilder:
                 logprobs=group.logprobs.get(child.request_id),
                 finish_reason=child.status.value if child.is_finished else None,
                 stop_reason=child.stop_reason,
+                stream_safe_len=detok.stream_safe_len if detok is not None else None,
             ))
         first = group.children[0]
         metrics = RequestMetrics(

@@ -1,0 +1,136 @@
+"""The FastAPI app (`create_app`) and `run_server` behind `python -m shared_engine serve`.
+
+Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`,
+`GET /metrics`, `POST /tokenize`, `POST /detokenize`, `GET /version`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+import shared_engine
+from shared_engine.config import EngineConfig
+from shared_engine.entrypoints.openai.async_engine import AsyncEngine
+from shared_engine.entrypoints.openai.errors import bad_request, error_response, install_error_handlers
+from shared_engine.entrypoints.openai.metrics import ServerMetrics
+from shared_engine.entrypoints.openai.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from shared_engine.entrypoints.openai.openapi import error_responses, install_openapi, stream_responses
+from shared_engine.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    VersionResponse,
+)
+from shared_engine.entrypoints.openai.server_config import ServerConfig
+from shared_engine.entrypoints.openai.serving_base import ServingContext
+from shared_engine.entrypoints.openai.serving_chat import ServingChat, render_chat
+from shared_engine.entrypoints.openai.serving_completions import ServingCompletions
+
+logger = logging.getLogger("shared_engine.server")
+
+
+def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
+    """An app serving `engine` (an `LLMEngine`); the engine thread starts with the app's lifespan."""
+    server_config = server_config or ServerConfig()
+    model_name = engine.config.model.served_model_name or engine.source.name
+    metrics_holder: list[ServerMetrics] = []
+    async_engine = AsyncEngine(engine, on_step=lambda: metrics_holder[0].on_step())
+    metrics = ServerMetrics(async_engine, model_name)
+    metrics_holder.append(metrics)
+    ctx = ServingContext(async_engine, metrics, model_name, server_config)
+    completions, chat = ServingCompletions(ctx), ServingChat(ctx)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        async_engine.start(asyncio.get_running_loop())
+        yield
+        async_engine.shutdown()
+
+    app = FastAPI(title="shared-engine OpenAI-compatible API", version=shared_engine.__version__,
+                  lifespan=lifespan)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=stream_responses(),
+              summary="Create a completion")
+    async def create_completion(body: CompletionRequest, request: Request):
+        return await completions.create(body, request)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=stream_responses(),
+              summary="Create a chat completion")
+    async def create_chat_completion(body: ChatCompletionRequest, request: Request):
+        return await chat.create(body, request)
+
+    @app.get("/v1/models", response_model=ModelList, responses=error_responses(401), summary="List models")
+    async def list_models():
+        card = ModelCard(id=model_name, root=engine.source.name, max_model_len=engine.max_model_len)
+        return ModelList(data=[card])
+
+    @app.get("/health", responses={200: {"content": {"application/json": {}}}, **error_responses(503)},
+             summary="200 while the engine runs, 503 after it failed")
+    async def health():
+        if not async_engine.healthy:
+            return error_response(503, f"the engine is not healthy: {async_engine.error!r}")
+        return JSONResponse({})
+
+    @app.get("/metrics", response_class=Response, summary="Prometheus metrics (vLLM names)",
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+    async def prometheus_metrics():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=error_responses(400, 404))
+    async def tokenize(body: TokenizeRequest):
+        ctx.check_model(body.model)
+        tokenizer = ctx.need_tokenizer()
+        if body.messages is not None:
+            ids = render_chat(tokenizer, body.messages, body.add_generation_prompt)
+        elif body.prompt is not None:
+            ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        else:
+            raise bad_request("give prompt or messages")
+        return TokenizeResponse(count=len(ids), max_model_len=engine.max_model_len, tokens=ids)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=error_responses(400, 404))
+    async def detokenize(body: DetokenizeRequest):
+        ctx.check_model(body.model)
+        vocab = engine.source.arch.vocab_size
+        if any(t >= vocab for t in body.tokens):
+            raise bad_request(f"token ids must be in [0, {vocab})", "tokens")
+        return DetokenizeResponse(prompt=ctx.need_tokenizer().decode(body.tokens))
+
+    @app.get("/version", response_model=VersionResponse)
+    async def version():
+        return VersionResponse(version=shared_engine.__version__, engine_config=engine.config.to_flat())
+
+    install_openapi(app)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=server_config.max_request_body_bytes)
+    api_key = server_config.resolved_api_key()
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    return app
+
+
+def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None:
+    """Build the engine (logs the KV capacity line), then serve until interrupted."""
+    import uvicorn
+
+    from shared_engine.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(engine_config)
+    app = create_app(engine, server_config)
+    host, port = server_config.host, server_config.port
+    logger.info("Serving %s on http://%s:%d", app.state.ctx.model_name, host, port)
+    uvicorn.run(app, host=host, port=port, log_level=server_config.uvicorn_log_level,
+                timeout_graceful_shutdown=5)

@@ -1,0 +1,183 @@
+"""`AsyncEngine`: runs `LLMEngine.step()` in a dedicated thread beside the asyncio event loop.
+
+The event loop never waits on a model step. Requests and aborts go to the engine thread through a
+command queue that it drains before every step, so an abort takes effect before the next step (its KV
+blocks are freed then). Each request's `RequestOutput`s come back through its own `asyncio.Queue`.
+If a step raises, the engine is dead: every in-flight request gets `EngineDeadError`, `healthy` turns
+False, and new requests are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+
+from shared_engine.engine.request_validator import validate_request
+from shared_engine.outputs import RequestOutput
+from shared_engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("shared_engine.server")
+
+_IDLE_WAIT_S = 0.5
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop failed; the request cannot complete."""
+
+
+class OverloadedError(RuntimeError):
+    """More requests are waiting than `max_waiting_requests` allows."""
+
+
+class AsyncEngine:
+    def __init__(self, engine, on_step: Callable[[], None] | None = None) -> None:
+        self.engine = engine
+        self.on_step = on_step
+        self.error: BaseException | None = None
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._streams: dict[str, asyncio.Queue] = {}  # touched on the event loop only
+        self._num_queued_adds = 0
+        self._count_lock = threading.Lock()
+        self._stop = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def num_waiting(self) -> int:
+        return self.engine.scheduler.num_waiting + self._num_queued_adds
+
+    # ---- requests (event loop side) ------------------------------------------------------------------
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise `ValueError` (a 400) for what the engine would reject, before anything is queued."""
+        e = self.engine
+        validate_request(prompt_token_ids, params, e.max_model_len, e.config.model.max_logprobs,
+                         e.source.arch.vocab_size)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt: str | None = None, stream: asyncio.Queue | None = None) -> asyncio.Queue:
+        """Queue a request. Its events arrive on `stream` (a new queue unless given; several requests
+        may share one) as `(request_id, item)`: item is a `RequestOutput`, None (aborted) or an
+        exception (the request failed); a finished output, None or an exception is the last one.
+
+        Raises:
+            EngineDeadError, OverloadedError, ValueError (invalid request).
+        """
+        if not self.healthy:
+            raise EngineDeadError("the engine is not running")
+        cap = self.engine.config.scheduler.max_waiting_requests
+        if cap is not None and self.num_waiting >= cap:
+            raise OverloadedError(f"{self.num_waiting} requests are waiting (max_waiting_requests={cap})")
+        self.check_request(prompt_token_ids, params)
+        stream = asyncio.Queue() if stream is None else stream
+        self._streams[request_id] = stream
+        with self._count_lock:
+            self._num_queued_adds += 1
+        self._commands.put(("add", request_id, prompt_token_ids, params, prompt))
+        self._wakeup.set()
+        return stream
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       prompt: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Yield the request's outputs until it finishes; aborts it when the consumer stops early."""
+        stream = self.add_request(request_id, prompt_token_ids, params, prompt)
+        try:
+            while True:
+                _, item = await stream.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (idempotent); the engine frees its blocks before its next step."""
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return
+        stream.put_nowait((request_id, None))
+        self._commands.put(("abort", request_id))
+        self._wakeup.set()
+
+    # ---- engine thread -------------------------------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stop:
+            self._wakeup.clear()
+            self._drain_commands()
+            if not engine.has_unfinished_requests():
+                self._wakeup.wait(_IDLE_WAIT_S)
+                continue
+            try:
+                outputs = engine.step()
+                if self.on_step is not None:
+                    self.on_step()
+            except BaseException as exc:  # noqa: BLE001 - any failure kills the engine, not the server
+                logger.exception("engine step failed; failing in-flight requests")
+                self.error = exc
+                self._loop.call_soon_threadsafe(self._fail_all, exc)
+                return
+            if outputs:
+                self._loop.call_soon_threadsafe(self._deliver, outputs)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                _, request_id, ids, params, prompt = command
+                try:
+                    self.engine.add_request(request_id, ids, params, prompt=prompt)
+                except ValueError as exc:
+                    self._loop.call_soon_threadsafe(self._deliver_error, request_id, exc)
+                finally:
+                    with self._count_lock:
+                        self._num_queued_adds -= 1
+            else:
+                self.engine.abort_request(command[1])
+
+    # ---- back on the event loop ----------------------------------------------------------------------
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            stream.put_nowait((output.request_id, output))
+            if output.finished:
+                del self._streams[output.request_id]
+
+    def _deliver_error(self, request_id: str, exc: BaseException) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.put_nowait((request_id, exc))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        error = EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}")
+        for request_id, stream in self._streams.items():
+            stream.put_nowait((request_id, error))
+        self._streams.clear()

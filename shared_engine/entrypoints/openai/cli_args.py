@@ -1,0 +1,94 @@
+"""`serve` flags ↔ YAML keys ↔ `EngineConfig` / `ServerConfig`.
+
+Every setting has one name: `--max-num-seqs` on the command line, `max_num_seqs` in the YAML file
+(`--config FILE.yaml`) and in Python. Engine flags are generated from the config dataclasses, so a new
+config field is a new flag and YAML key at once. Precedence: defaults < YAML < flags. Imports no server
+packages (so `serve --help` works without them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from shared_engine.config import EngineConfig
+from shared_engine.config.engine_config import _SECTIONS
+from shared_engine.entrypoints.openai.server_config import ServerConfig
+
+_HELP = {
+    "model": "model directory or preset (default: the embedded SmolLM2-135M-Instruct)",
+    "max_model_len": "longest prompt + output per request, in tokens (default: from the model config)",
+    "max_num_seqs": "most sequences in one step",
+    "max_num_batched_tokens": "per-step token budget (default 8192)",
+    "max_waiting_requests": "waiting requests above which new ones get 503 + Retry-After (default: no cap)",
+    "block_size": "tokens per KV block",
+    "gpu_memory_utilization": "fraction of device memory the engine may claim (CUDA)",
+    "kv_cache_memory": "KV cache size in bytes (default on CPU: 2 GiB)",
+    "num_gpu_blocks_override": "fixed KV pool size in blocks",
+    "served_model_name": "name in responses and the model_name metric label (default: the model)",
+    "api_key": "bearer token required on /v1/* (env fallback: SHARED_ENGINE_API_KEY, VLLM_API_KEY)",
+    "max_request_body_bytes": "larger request bodies get 413",
+    "max_n": "largest n accepted",
+    "max_logprobs": "cap on logprobs / top_logprobs",
+}
+
+
+def _engine_fields() -> dict[str, dataclasses.Field]:
+    return {f.name: f for klass in _SECTIONS.values() for f in dataclasses.fields(klass)}
+
+
+def _server_fields() -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(ServerConfig)}
+
+
+def _add_flag(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+    flag = "--" + field.name.replace("_", "-")
+    kind = str(field.type)
+    kwargs: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS, "help": _HELP.get(field.name)}
+    if kind.startswith("bool"):
+        parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+        return
+    kwargs["type"] = int if kind.startswith("int") else float if kind.startswith("float") else str
+    parser.add_argument(flag, **kwargs)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", default=argparse.SUPPRESS, help=_HELP["model"])
+    parser.add_argument("--config", type=Path, default=None, help="YAML file whose keys are the flag names")
+    for field in _server_fields().values():
+        _add_flag(parser, field)
+    for name, field in _engine_fields().items():
+        if name != "model":
+            _add_flag(parser, field)
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """Read a config file; keys may use dashes or underscores.
+
+    Raises:
+        ValueError: not a mapping, or an unknown key.
+    """
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of setting names to values")
+    settings = {str(k).replace("-", "_"): v for k, v in data.items()}
+    known = set(_engine_fields()) | set(_server_fields())
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown setting(s) {unknown}; known: {sorted(known)}")
+    return settings
+
+
+def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
+    """Defaults < YAML < flags. Raises `ValueError` for unknown keys or out-of-range values."""
+    given = {k: v for k, v in vars(args).items() if k not in ("config", "command")}
+    settings = load_yaml(args.config) if getattr(args, "config", None) else {}
+    settings.update(given)
+    server_names = set(_server_fields())
+    server = ServerConfig(**{k: v for k, v in settings.items() if k in server_names})
+    engine = EngineConfig.from_flat(**{k: v for k, v in settings.items() if k not in server_names})
+    return engine, server

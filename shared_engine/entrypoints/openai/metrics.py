@@ -1,0 +1,150 @@
+"""Prometheus metrics at `/metrics`, with vLLM's names, types, buckets and the `model_name` label
+(conventions.md), so that existing dashboards and autoscalers (KEDA on `vllm:num_requests_waiting`) work
+unchanged.
+
+Engine counters are read from `EngineStats`, the scheduler and the block manager at scrape time (the
+same numbers as the 10-second stats line, not a second count); per-request histograms are observed
+by the server when a request finishes; `vllm:iteration_tokens_total` after every engine step.
+"""
+
+from __future__ import annotations
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from shared_engine.outputs import RequestOutput
+
+TTFT_BUCKETS = [.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160,
+                640, 2560]
+TOKEN_LATENCY_BUCKETS = [.01, .025, .05, .075, .1, .15, .2, .3, .4, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80]
+REQUEST_LATENCY_BUCKETS = [.3, .5, .8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960,
+                           1920, 7680]
+ITERATION_TOKEN_BUCKETS = [2**i for i in range(15)]  # 1 .. 16384
+
+prometheus_client.disable_created_metrics()
+
+
+class _EngineCollector:
+    """Gauges and counters read from the engine at scrape time."""
+
+    def __init__(self, async_engine, model_name: str) -> None:
+        self.async_engine = async_engine
+        self.model_name = model_name
+
+    def collect(self):
+        engine = self.async_engine.engine
+        stats, scheduler = engine.stats, engine.scheduler
+        gauges = {
+            "vllm:num_requests_running": ("Requests in model execution batches.", scheduler.num_running),
+            "vllm:num_requests_waiting": ("Requests waiting to be processed.", self.async_engine.num_waiting),
+            "vllm:kv_cache_usage_perc": ("KV-cache usage. 1 means 100 percent usage.",
+                                         engine.block_manager.usage),
+        }
+        for name, (doc, value) in gauges.items():
+            yield self._one(GaugeMetricFamily(name, doc, labels=["model_name"]), value)
+        counters = {
+            "vllm:prompt_tokens": ("Prefill tokens processed.", stats.num_prompt_tokens_total),
+            "vllm:generation_tokens": ("Generation tokens processed.", stats.num_generation_tokens_total),
+            "vllm:num_preemptions": ("Cumulative number of preemptions.", scheduler.num_preemptions_total),
+            "vllm:prefix_cache_queries": ("Prefix cache queries, in tokens.",
+                                          stats.prefix_cache_queries_total),
+            "vllm:prefix_cache_hits": ("Prefix cache hits, in tokens.", stats.prefix_cache_hits_total),
+            "vllm:spec_decode_num_draft_tokens": (
+                "Draft tokens proposed.", getattr(stats, "spec_decode_num_draft_tokens_total", 0)),
+            "vllm:spec_decode_num_accepted_tokens": (
+                "Draft tokens accepted.", getattr(stats, "spec_decode_num_accepted_tokens_total", 0)),
+        }
+        for name, (doc, value) in counters.items():
+            yield self._one(CounterMetricFamily(name, doc, labels=["model_name"]), value)
+
+    def _one(self, family, value):
+        family.add_metric([self.model_name], value)
+        return family
+
+
+class ServerMetrics:
+    def __init__(self, async_engine, model_name: str) -> None:
+        self.model_name = model_name
+        self.async_engine = async_engine
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(async_engine, model_name))
+        self._success = Counter("vllm:request_success", "Count of finished requests by finish reason.",
+                                ["model_name", "finished_reason"], registry=self.registry)
+
+        def hist(name: str, doc: str, buckets: list[float]):
+            family = Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry)
+            return family.labels(model_name)
+
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Inter-token latency in seconds.",
+                        TOKEN_LATENCY_BUCKETS)
+        self.tpot = hist("vllm:request_time_per_output_token_seconds", "Time per output token in seconds.",
+                         TOKEN_LATENCY_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds.",
+                        REQUEST_LATENCY_BUCKETS)
+        self.queue = hist("vllm:request_queue_time_seconds", "Time spent waiting in the queue.",
+                          REQUEST_LATENCY_BUCKETS)
+        self.prefill = hist("vllm:request_prefill_time_seconds", "Time spent in prefill.",
+                            REQUEST_LATENCY_BUCKETS)
+        self.decode = hist("vllm:request_decode_time_seconds", "Time spent in decode.",
+                           REQUEST_LATENCY_BUCKETS)
+        self.iteration_tokens = hist("vllm:iteration_tokens_total", "Tokens per engine step.",
+                                     ITERATION_TOKEN_BUCKETS)
+        self._last_tokens = 0
+
+    def on_step(self) -> None:
+        """Called by the engine thread after every step."""
+        stats = self.async_engine.engine.stats
+        total = stats.num_prompt_tokens_total + stats.num_generation_tokens_total
+        if total > self._last_tokens:
+            self.iteration_tokens.observe(total - self._last_tokens)
+        self._last_tokens = total
+
+    def tracker(self) -> RequestTracker:
+        return RequestTracker(self)
+
+    def render(self) -> bytes:
+        return prometheus_client.generate_latest(self.registry)
+
+
+class RequestTracker:
+    """Per-request latency bookkeeping: feed it every `RequestOutput`, then `finish()` once."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        self.last: RequestOutput | None = None
+        self._last_token_time: float | None = None
+        self._done = False
+
+    def on_output(self, output: RequestOutput) -> None:
+        t = output.metrics.last_token_time
+        if self._last_token_time is not None and t is not None and t > self._last_token_time:
+            self.metrics.itl.observe(t - self._last_token_time)
+        self._last_token_time = t
+        self.last = output
+
+    def finish(self, aborted: bool = False) -> None:
+        if self._done:
+            return
+        self._done = True
+        m, out = self.metrics, self.last
+        if aborted or out is None or not out.finished:
+            m._success.labels(m.model_name, "abort").inc()
+            return
+        for choice in out.outputs:
+            m._success.labels(m.model_name, choice.finish_reason or "abort").inc()
+        t = out.metrics
+        if t.first_token_time is not None:
+            m.ttft.observe(t.first_token_time - t.arrival_time)
+        if t.finished_time:
+            m.e2e.observe(t.finished_time - t.arrival_time)
+        if t.first_scheduled_time is not None:
+            m.queue.observe(max(0.0, t.first_scheduled_time - t.arrival_time))
+            if t.first_token_time is not None:
+                m.prefill.observe(max(0.0, t.first_token_time - t.first_scheduled_time))
+        if t.first_token_time is not None and t.last_token_time is not None:
+            m.decode.observe(t.last_token_time - t.first_token_time)
+            num_tokens = max(len(c.token_ids) for c in out.outputs)
+            if num_tokens > 1:
+                m.tpot.observe((t.last_token_time - t.first_token_time) / (num_tokens - 1))

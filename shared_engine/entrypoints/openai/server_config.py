@@ -1,0 +1,33 @@
+"""`ServerConfig`: the HTTP server's own settings (the engine's are in `EngineConfig`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from shared_engine.config.validation import check_range
+
+API_KEY_ENV = ("SHARED_ENGINE_API_KEY", "VLLM_API_KEY")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """`api_key` None leaves `/v1/*` open (the env vars in `API_KEY_ENV` are the fallback).
+    `max_request_body_bytes`: larger bodies get 413. `max_n`: cap on `n` (400 above it)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_request_body_bytes: int = 8 * 1024 * 1024
+    max_n: int = 16
+    uvicorn_log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        check_range("port", self.port, 0, 65535)
+        check_range("max_request_body_bytes", self.max_request_body_bytes, 1)
+        check_range("max_n", self.max_n, 1)
+
+    def resolved_api_key(self) -> str | None:
+        if self.api_key:
+            return self.api_key
+        return next((os.environ[name] for name in API_KEY_ENV if os.environ.get(name)), None)

@@ -1,0 +1,88 @@
+"""What the completions and chat handlers share: the served model name, request → `SamplingParams`,
+usage, and the streaming response wrapper."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi.responses import StreamingResponse
+
+from shared_engine.entrypoints.openai.async_engine import AsyncEngine
+from shared_engine.entrypoints.openai.errors import APIError, bad_request
+from shared_engine.entrypoints.openai.logprobs import TokenText
+from shared_engine.entrypoints.openai.metrics import ServerMetrics
+from shared_engine.entrypoints.openai.protocol import PromptTokensDetails, SamplingFields, Usage
+from shared_engine.entrypoints.openai.server_config import ServerConfig
+from shared_engine.entrypoints.openai.streaming import SSE_MEDIA_TYPE
+from shared_engine.outputs import RequestOutput
+from shared_engine.sampling_params import SamplingParams
+
+
+class ServingContext:
+    def __init__(self, async_engine: AsyncEngine, metrics: ServerMetrics, model_name: str,
+                 server_config: ServerConfig) -> None:
+        self.async_engine = async_engine
+        self.metrics = metrics
+        self.model_name = model_name
+        self.server_config = server_config
+        self.tokenizer = async_engine.engine.tokenizer
+        self.token_text = TokenText(self.tokenizer) if self.tokenizer is not None else None
+
+    @property
+    def max_model_len(self) -> int:
+        return self.async_engine.engine.max_model_len
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist.", "model")
+
+    def need_tokenizer(self):
+        if self.tokenizer is None:
+            raise bad_request("this model has no tokenizer: send token ids")
+        return self.tokenizer
+
+    def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None = None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
+        """Raises `APIError` 400 for values the engine does not accept."""
+        if req.n > self.server_config.max_n:
+            raise bad_request(f"n must be at most {self.server_config.max_n}, got {req.n}", "n")
+        try:
+            return SamplingParams(
+                n=req.n,
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=req.top_k,
+                min_p=req.min_p or 0.0,
+                presence_penalty=req.presence_penalty or 0.0,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                seed=req.seed,
+                max_tokens=max_tokens,
+                min_tokens=req.min_tokens,
+                stop=req.stop,
+                stop_token_ids=req.stop_token_ids,
+                ignore_eos=req.ignore_eos,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+            )
+        except ValueError as e:
+            raise bad_request(str(e)) from e
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(outputs: list[RequestOutput], count_generated: bool = True) -> Usage:
+    """Prompt tokens once per prompt, completion tokens over all choices, cached prompt tokens."""
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs) if count_generated else 0
+    cached = sum(o.num_cached_tokens for o in outputs)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def event_stream(body: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(body, media_type=SSE_MEDIA_TYPE,
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,0 +1,133 @@
+"""`POST /v1/completions`: prompts (text, texts, token ids or lists of them) → choices, streamed or not.
+
+`echo` with `max_tokens` 0 scores the prompt: the engine runs one step for the prompt logprobs and the
+sampled token is dropped (`completion_tokens` 0).
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from shared_engine.entrypoints.openai.errors import APIError, bad_request, sse_error
+from shared_engine.entrypoints.openai.generation_run import ClientDisconnected, GenerationRun, Job
+from shared_engine.entrypoints.openai.logprobs import completion_logprobs
+from shared_engine.entrypoints.openai.protocol import CompletionChoice, CompletionRequest, CompletionResponse
+from shared_engine.entrypoints.openai.serving_base import ServingContext, event_stream, new_id, usage
+from shared_engine.entrypoints.openai.streaming import DONE, ChoiceCursor, sse
+from shared_engine.outputs import CompletionOutput, RequestOutput
+
+
+class ServingCompletions:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    async def create(self, req: CompletionRequest, request: Request) -> Response:
+        ctx = self.ctx
+        ctx.check_model(req.model)
+        scoring = req.max_tokens == 0
+        if scoring and not req.echo:
+            raise bad_request("max_tokens must be at least 1 (0 is allowed only with echo)", "max_tokens")
+        prompts = self._prompts(req.prompt)
+        params = ctx.sampling_params(req, 1 if scoring else req.max_tokens, logprobs=req.logprobs,
+                                     prompt_logprobs=req.logprobs if req.echo else None)
+        run = GenerationRun(ctx.async_engine, ctx.metrics, new_id("cmpl"),
+                            [Job(ids, params, text) for text, ids in prompts])
+        run.start()
+        if req.stream:
+            return event_stream(self._stream(run, req, prompts, scoring, request))
+        try:
+            outputs = await run.results(request)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        choices = [self._choice(pi * req.n + c.index, prompts[pi], out, c, req, scoring, echo=req.echo)
+                   for pi, out in enumerate(outputs) for c in out.outputs]
+        body = CompletionResponse(id=run.request_ids[0].rsplit("-", 1)[0], model=ctx.model_name,
+                                  choices=choices, usage=usage(outputs, count_generated=not scoring))
+        return JSONResponse(body.model_dump(mode="json"))
+
+    def _prompts(self, prompt) -> list[tuple[str | None, list[int]]]:
+        """(text or None, token ids) per prompt."""
+        if isinstance(prompt, str):
+            return [(prompt, self._encode(prompt))]
+        if not prompt:
+            raise bad_request("prompt must not be empty", "prompt")
+        if isinstance(prompt[0], int):
+            return [(None, list(prompt))]
+        if isinstance(prompt[0], str):
+            return [(p, self._encode(p)) for p in prompt]
+        return [(None, list(p)) for p in prompt]
+
+    def _encode(self, text: str) -> list[int]:
+        tokenizer = self.ctx.need_tokenizer()
+        try:
+            return tokenizer.encode(text) if text else []
+        except Exception as e:  # noqa: BLE001 - whatever the tokenizer rejects is the client's input
+            raise bad_request(f"could not tokenize the prompt: {e}", "prompt") from e
+
+    def _prompt_text(self, prompt: tuple[str | None, list[int]]) -> str:
+        text, ids = prompt
+        if text is not None:
+            return text
+        tokenizer = self.ctx.tokenizer
+        return tokenizer.decode(ids) if tokenizer is not None else ""
+
+    def _choice(self, index: int, prompt: tuple[str | None, list[int]], out: RequestOutput,
+                c: CompletionOutput, req: CompletionRequest, scoring: bool, echo: bool,
+                token_range: tuple[int, int] | None = None, text: str | None = None) -> CompletionChoice:
+        """A whole choice, or (streaming) the part given by `text` and `token_range`."""
+        start, end = token_range or (0, len(c.token_ids))
+        if scoring:
+            start = end = 0
+        text = ("" if scoring else c.text) if text is None else ("" if scoring else text)
+        ids = list(c.token_ids[start:end])
+        entries = list((c.logprobs or [])[start:end])
+        if echo:
+            text = self._prompt_text(prompt) + text
+            prompt_ids = prompt[1]
+            ids = prompt_ids + ids
+            entries = list(out.prompt_logprobs or [None] * len(prompt_ids)) + entries
+        logprobs = None
+        if req.logprobs is not None and self.ctx.token_text is not None:
+            logprobs = completion_logprobs(self.ctx.token_text, ids, entries, req.logprobs)
+        finish = c.finish_reason
+        if scoring and finish is not None:
+            finish = "length"
+        return CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish,
+                                stop_reason=None if scoring else c.stop_reason)
+
+    async def _stream(self, run: GenerationRun, req: CompletionRequest, prompts, scoring: bool,
+                      request: Request):
+        ctx = self.ctx
+        base_id, created = run.request_ids[0].rsplit("-", 1)[0], int(time.time())
+        cursors: dict[tuple[int, int], ChoiceCursor] = {}
+        finals: dict[int, RequestOutput] = {}
+        async with run.abort_on_disconnect(request):
+            try:
+                async for pi, out in run.outputs():
+                    finals[pi] = out
+                    for c in out.outputs:
+                        cursor = cursors.setdefault((pi, c.index), ChoiceCursor())
+                        first = cursor.sent_tokens == 0 and cursor.sent_chars == 0
+                        delta = cursor.advance(c)
+                        if delta is None:
+                            continue
+                        choice = self._choice(pi * req.n + c.index, prompts[pi], out, c, req, scoring,
+                                              echo=bool(req.echo) and first,
+                                              token_range=(delta.token_start, delta.token_end),
+                                              text=delta.text)
+                        yield sse(CompletionResponse(id=base_id, created=created, model=ctx.model_name,
+                                                     choices=[choice]))
+            except ClientDisconnected:
+                return
+            except APIError as e:
+                yield sse_error(e)
+                yield DONE
+                return
+        if req.stream_options is not None and req.stream_options.include_usage:
+            outputs = [finals[i] for i in sorted(finals)]
+            yield sse(CompletionResponse(id=base_id, created=created, model=ctx.model_name, choices=[],
+                                         usage=usage(outputs, count_generated=not scoring)))
+        yield DONE

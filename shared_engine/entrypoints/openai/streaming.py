@@ -1,0 +1,56 @@
+"""Server-Sent Events framing and per-choice stream cursors.
+
+A `ChoiceCursor` turns the engine's cumulative `CompletionOutput`s into deltas. While a choice runs it
+sends only `stream_safe_len` characters (the detokenizer holds back a tail that may become a stop
+string, and never ends on half a UTF-8 character); when the choice finishes, in any way, the rest is
+flushed. Joined deltas therefore equal the final text, which is the non-streamed text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from shared_engine.outputs import CompletionOutput
+
+DONE = "data: [DONE]\n\n"
+SSE_MEDIA_TYPE = "text/event-stream"
+
+
+def sse(payload: BaseModel | dict) -> str:
+    body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+    return f"data: {json.dumps(body, ensure_ascii=False, allow_nan=False)}\n\n"
+
+
+@dataclass
+class Delta:
+    text: str
+    token_start: int  # new tokens are token_ids[token_start:token_end]
+    token_end: int
+    finish_reason: str | None
+
+
+class ChoiceCursor:
+    def __init__(self) -> None:
+        self.sent_chars = 0
+        self.sent_tokens = 0
+        self.finished = False
+
+    def advance(self, choice: CompletionOutput) -> Delta | None:
+        """The delta since the last call, or None when there is nothing new to send."""
+        if self.finished:
+            return None
+        done = choice.finish_reason is not None
+        limit = len(choice.text)
+        if not done and choice.stream_safe_len is not None:
+            limit = min(limit, choice.stream_safe_len)
+        text = choice.text[self.sent_chars : limit] if limit > self.sent_chars else ""
+        start, end = self.sent_tokens, len(choice.token_ids)
+        if not text and not done:
+            return None  # tokens without sendable text wait for the next delta (with their logprobs)
+        self.sent_chars = max(self.sent_chars, limit)
+        self.sent_tokens = end
+        self.finished = done
+        return Delta(text, start, end, choice.finish_reason)
