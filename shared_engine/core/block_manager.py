@@ -1,11 +1,24 @@
 """`BlockManager`: the paged KV cache's bookkeeping (PagedAttention, Kwon et al. 2023,
-https://arxiv.org/abs/2309.06180).
+https://arxiv.org/abs/2309.06180), with automatic prefix caching.
 
 The KV pool is `num_blocks` fixed-size blocks of `block_size` tokens. Each request owns a block table: its
 logical block i (token positions [i*block_size, (i+1)*block_size)) lives in physical block
-`block_table[i]`. Blocks are allocated on demand as a sequence grows and returned when it ends. Every
-block carries a reference count (how many block tables hold it) so that blocks can be shared between
-requests (prefix caching) and reserved ahead (speculative lookahead slots).
+`block_table[i]`. Blocks are allocated on demand as a sequence grows and dropped when it ends. Every block
+carries a reference count (how many block tables hold it), so blocks can be shared between requests.
+
+Prefix caching rules:
+- Only full blocks are shared. A block is registered under its chained hash (`block_hash.py`) once all of
+  its tokens' KV has been computed; a partially filled block is never shared.
+- A shared block is never written: a request writes only positions at or after its `num_computed_tokens`,
+  and a prefix hit always ends on a block boundary before them.
+- A lookup never covers the last token of the request, so at least one token is computed and produces
+  logits (`(num_tokens - 1) // block_size` full blocks at most).
+- A block whose reference count falls to 0 keeps its KV and its hash: it is *evictable*, counted as free,
+  and goes back to a request that hits it, or to the eviction policy (`eviction/`) when the pool needs
+  space. Blocks with no cached KV are handed out first.
+- While a request is computing a prefix block, other requests waiting on the same block hash are held
+  back (`is_prefix_pending`), so requests with the same uncached prefix never compute it twice at once
+  and reuse it as soon as it is complete.
 
 Resources follow check/commit pairs: `can_allocate` → `allocate`, then `free`. `check_integrity()`
 verifies the invariants; tests call it after every step.
@@ -15,28 +28,46 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
+from shared_engine.core.block_hash import HASH_FUNCTIONS, ROOT, BlockHash, extra_keys_for, hash_block
+from shared_engine.core.eviction import make_policy
 from shared_engine.core.request import Request
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 eviction: str = "lru", hash_algo: str = "sha256") -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
         self.block_tables: dict[str, list[int]] = {}
+        self._free: deque[int] = deque(range(num_blocks))  # reference count 0, no cached KV
+        self._evictable = make_policy(eviction, block_size=block_size)  # reference count 0, cached KV
+        self._hash_fn = HASH_FUNCTIONS[hash_algo]
+        self._block_hash: list[BlockHash | None] = [None] * num_blocks
+        self._block_depth = [0] * num_blocks
+        self._block_hits = [0] * num_blocks
+        self._cached: dict[BlockHash, int] = {}
+        self._request_hashes: dict[str, list[BlockHash]] = {}
+        self._num_registered: dict[str, int] = {}
+        self._pending: dict[BlockHash, str] = {}
 
     # ---- queries -------------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks available to new allocations: never-used or released ones plus evictable cached ones."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks in use, 0-1 (the `vllm:kv_cache_usage_perc` gauge)."""
-        return 1.0 - len(self._free) / self.num_blocks
+        """Fraction of blocks held by requests, 0-1 (the `vllm:kv_cache_usage_perc` gauge)."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -46,46 +77,175 @@ class BlockManager:
         needed = self.blocks_for_tokens(request.num_computed_tokens + num_new_tokens + num_lookahead_tokens)
         return max(0, needed - len(self.block_tables.get(request.request_id, ())))
 
-    # ---- check / commit ------------------------------------------------------------------------------
-    def can_allocate(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0) -> bool:
-        return self.num_new_blocks(request, num_new_tokens, num_lookahead_tokens) <= len(self._free)
+    def get_block_table(self, request_id: str) -> list[int]:
+        return self.block_tables.get(request_id, [])
 
-    def allocate(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0) -> list[int]:
-        """Grow the request's block table to cover its next `num_new_tokens` tokens.
+    # ---- prefix cache lookup -------------------------------------------------------------------------
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """The longest chain of cached full blocks matching the request's tokens (without side effects)."""
+        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
+            return []
+        hashes = self._hashes(request, (request.num_tokens - 1) // self.block_size)
+        blocks = []
+        for h in hashes:
+            block = self._cached.get(h)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def is_prefix_pending(self, request: Request, num_cached_blocks: int) -> bool:
+        """True when the request's next uncached block is being computed right now by another request."""
+        if not self._pending:
+            return False
+        hashes = self._hashes(request, (request.num_tokens - 1) // self.block_size)
+        if num_cached_blocks >= len(hashes):
+            return False
+        owner = self._pending.get(hashes[num_cached_blocks])
+        return owner is not None and owner != request.request_id
+
+    # ---- check / commit ------------------------------------------------------------------------------
+    def can_allocate(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0,
+                     cached_blocks: list[int] = ()) -> bool:
+        revived = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)
+        new = self._blocks_needed(request, num_new_tokens, num_lookahead_tokens, len(cached_blocks))
+        return new + revived <= self.num_free_blocks
+
+    def allocate(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0,
+                 cached_blocks: list[int] = ()) -> list[int]:
+        """Grow the request's block table to cover its next `num_new_tokens` tokens (after `cached_blocks`,
+        a prefix hit from `find_cached_prefix` that this call takes a reference on).
 
         Returns the newly allocated block ids. Raises `RuntimeError` when the pool cannot supply them
         (call `can_allocate` first).
         """
-        count = self.num_new_blocks(request, num_new_tokens, num_lookahead_tokens)
-        if count > len(self._free):
-            raise RuntimeError(f"KV pool exhausted: need {count} blocks, {len(self._free)} free")
-        table = self.block_tables.setdefault(request.request_id, [])
-        new_blocks = [self._free.popleft() for _ in range(count)]
+        if not self.can_allocate(request, num_new_tokens, num_lookahead_tokens, cached_blocks):
+            raise RuntimeError(f"KV pool exhausted: {self.num_free_blocks} blocks free")
+        rid = request.request_id
+        table = self.block_tables.setdefault(rid, [])
+        if cached_blocks:
+            assert not table, "a prefix hit applies only to a request with no blocks"
+            for block in cached_blocks:
+                if self.ref_counts[block] == 0:
+                    self._evictable.remove(block)
+                self.ref_counts[block] += 1
+                self._block_hits[block] += 1
+            table.extend(cached_blocks)
+            self._num_registered[rid] = len(cached_blocks)
+        count = self._blocks_needed(request, num_new_tokens, num_lookahead_tokens, len(cached_blocks))
+        new_blocks = [self._take_block() for _ in range(count)]
         for block in new_blocks:
             self.ref_counts[block] += 1
         table.extend(new_blocks)
+        if self.enable_prefix_caching:
+            self._mark_pending(request, len(table))
         return new_blocks
 
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Register the request's full blocks whose KV is now computed, so later requests can hit them."""
+        if not self.enable_prefix_caching:
+            return
+        rid = request.request_id
+        table = self.block_tables.get(rid)
+        if table is None:
+            return
+        num_full = min(request.num_computed_tokens // self.block_size, len(table))
+        start = self._num_registered.get(rid, 0)
+        if num_full <= start:
+            return
+        hashes = self._hashes(request, num_full)
+        for depth in range(start, num_full):
+            h, block = hashes[depth], table[depth]
+            if self._pending.get(h) == rid:
+                del self._pending[h]
+            if h not in self._cached and self._block_hash[block] is None:
+                self._cached[h] = block
+                self._block_hash[block] = h
+                self._block_depth[block] = depth
+        self._num_registered[rid] = num_full
+
     def free(self, request: Request) -> None:
-        """Drop the request's references; blocks nobody else holds return to the free pool."""
-        for block in reversed(self.block_tables.pop(request.request_id, [])):
+        """Drop the request's references. Blocks nobody holds become free, or evictable if cached."""
+        rid = request.request_id
+        table = self.block_tables.pop(rid, [])
+        released = []
+        for block in table:
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
-                self._free.append(block)
+                released.append(block)
+        self._evictable.add_chain([(b, self._block_depth[b], self._block_hits[b])
+                                   for b in released if self._block_hash[b] is not None])
+        self._free.extend(b for b in reversed(released) if self._block_hash[b] is None)
+        for h in [h for h, owner in self._pending.items() if owner == rid] if self._pending else []:
+            del self._pending[h]
+        self._request_hashes.pop(rid, None)
+        self._num_registered.pop(rid, None)
 
-    def get_block_table(self, request_id: str) -> list[int]:
-        return self.block_tables.get(request_id, [])
+    def reset_prefix_cache(self) -> None:
+        """Forget every evictable cached block (e.g. after a weight or adapter change)."""
+        while len(self._evictable):
+            self._free.append(self._uncache(self._evictable.evict()))
+
+    # ---- internals -----------------------------------------------------------------------------------
+    def _blocks_needed(self, request, num_new_tokens, num_lookahead_tokens, num_cached_blocks) -> int:
+        computed = num_cached_blocks * self.block_size if num_cached_blocks else request.num_computed_tokens
+        needed = self.blocks_for_tokens(computed + num_new_tokens + num_lookahead_tokens)
+        held = num_cached_blocks or len(self.block_tables.get(request.request_id, ()))
+        return max(0, needed - held)
+
+    def _take_block(self) -> int:
+        if self._free:
+            return self._free.popleft()
+        return self._uncache(self._evictable.evict())
+
+    def _uncache(self, block: int) -> int:
+        h = self._block_hash[block]
+        if h is not None and self._cached.get(h) == block:
+            del self._cached[h]
+        self._block_hash[block] = None
+        self._block_hits[block] = 0
+        return block
+
+    def _hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
+        """Chained hashes of the request's first `num_blocks` full blocks (computed once, then extended)."""
+        hashes = self._request_hashes.setdefault(request.request_id, [])
+        bs = self.block_size
+        while len(hashes) < num_blocks:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else ROOT
+            extra = None if hashes else extra_keys_for(request.lora_name, getattr(request, "lora_version", None),
+                                                       request.cache_salt)
+            hashes.append(hash_block(self._hash_fn, parent, request.token_ids_slice(i * bs, (i + 1) * bs), extra))
+        return hashes[:num_blocks]
+
+    def _mark_pending(self, request: Request, num_blocks: int) -> None:
+        full = min(num_blocks, request.num_prompt_tokens // self.block_size)
+        start = self._num_registered.get(request.request_id, 0)
+        if full <= start:
+            return
+        for h in self._hashes(request, full)[start:]:
+            if h not in self._cached:
+                self._pending.setdefault(h, request.request_id)
 
     # ---- invariants ----------------------------------------------------------------------------------
     def check_integrity(self) -> None:
-        """Raise `AssertionError` unless: every block is either free (reference count 0, in the free pool
-        exactly once) or held (reference count == number of block tables holding it)."""
+        """Raise `AssertionError` unless: each block's reference count equals the number of block tables
+        holding it; every unreferenced block is in exactly one of the free pool (no cached KV) and the
+        evictable set (cached KV); the hash index and the blocks' hashes agree."""
         held = Counter(block for table in self.block_tables.values() for block in table)
         free = Counter(self._free)
         assert all(c == 1 for c in free.values()), "a block is in the free pool twice"
         for block in range(self.num_blocks):
             refs = self.ref_counts[block]
             assert refs == held.get(block, 0), f"block {block}: ref_count {refs} != holders {held.get(block, 0)}"
-            assert (refs == 0) == (block in free), f"block {block}: ref_count {refs} but free={block in free}"
+            in_free, in_evictable = block in free, block in self._evictable
+            assert not (in_free and in_evictable), f"block {block} is both free and evictable"
+            assert (refs == 0) == (in_free or in_evictable), f"block {block}: ref_count {refs}, free={in_free}"
+            assert not in_free or self._block_hash[block] is None, f"free block {block} still has a hash"
+            assert not in_evictable or self._block_hash[block] is not None, f"evictable block {block} has no hash"
+            h = self._block_hash[block]
+            assert h is None or self._cached.get(h) == block, f"block {block}: hash index disagrees"
+        assert len(self._cached) == sum(h is not None for h in self._block_hash), "stale hash index entries"
+        assert len(free) + len(self._evictable) == self.ref_counts.count(0)
         for request_id, table in self.block_tables.items():
             assert len(set(table)) == len(table), f"{request_id}: a block appears twice in its table"

@@ -30,6 +30,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions_total = 0
+        self.prefix_cache_queries = 0  # tokens looked up in the prefix cache at admission
+        self.prefix_cache_hits = 0  # of those, tokens served from it
         self._watermark_blocks = int(_ADMISSION_WATERMARK * block_manager.num_blocks)
 
     # ---- queue management ----------------------------------------------------------------------------
@@ -91,25 +93,45 @@ class Scheduler:
         return True
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, scheduled_ids: set[str]) -> int:
+        bm = self.block_manager
+        deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            num_new = request.num_remaining_tokens
+            cached = bm.find_cached_prefix(request)
+            if bm.is_prefix_pending(request, len(cached)):
+                deferred.append(self.waiting.popleft())  # its prefix is being computed: reuse it next step
+                continue
+            num_cached_tokens = len(cached) * bm.block_size
+            num_new = request.num_tokens - num_cached_tokens
             if num_new > budget:
                 if not self.config.enable_chunked_prefill:
                     break
                 num_new = budget
-            needed = self.block_manager.num_new_blocks(request, num_new)
-            if needed + self._watermark_blocks > self.block_manager.num_free_blocks and self.running:
+            if self.running and not self._above_watermark(request, num_new, cached):
                 break
-            if not self.block_manager.can_allocate(request, num_new):
+            if not bm.can_allocate(request, num_new, cached_blocks=cached):
                 break
             self.waiting.popleft()
-            self.block_manager.allocate(request, num_new)
+            bm.allocate(request, num_new, cached_blocks=cached)
+            if bm.enable_prefix_caching:
+                self.prefix_cache_queries += request.num_tokens
+                self.prefix_cache_hits += num_cached_tokens
+            if request.first_scheduled_time is None:
+                request.num_cached_tokens = num_cached_tokens
+            request.num_computed_tokens = num_cached_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._add(out, request, num_new, scheduled_ids)
             budget -= num_new
+        self.waiting.extendleft(reversed(deferred))
         return budget
+
+    def _above_watermark(self, request: Request, num_new: int, cached: list[int]) -> bool:
+        """Admission leaves a few blocks free so that running decodes are not preempted at once."""
+        bm = self.block_manager
+        revived = sum(1 for b in cached if bm.ref_counts[b] == 0)
+        needed = bm.blocks_for_tokens(len(cached) * bm.block_size + num_new) - len(cached) + revived
+        return needed + self._watermark_blocks <= bm.num_free_blocks
 
     def _add(self, out: SchedulerOutput, request: Request, num_new: int, scheduled_ids: set[str]) -> None:
         start = request.num_computed_tokens
@@ -150,6 +172,7 @@ class Scheduler:
             if request.is_finished:
                 continue  # aborted while the step ran
             request.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_computed_blocks(request)
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
             token = sampled.get(request.request_id)

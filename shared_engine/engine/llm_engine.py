@@ -37,7 +37,9 @@ class LLMEngine:
         num_blocks = num_kv_blocks(config, self.runner.kv_bytes_per_block, self.runner.free_kv_bytes())
         check_fits(num_blocks, config.cache.block_size, self.max_model_len)
         self.runner.allocate_kv_cache(num_blocks)
-        self.block_manager = BlockManager(num_blocks, config.cache.block_size)
+        cache = config.cache
+        self.block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching,
+                                          cache.prefix_cache_eviction, cache.prefix_caching_hash_algo)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
         self.outputs = OutputBuilder(self.tokenizer)
         self.stats = EngineStats()

@@ -26,6 +26,7 @@ class EngineStats:
     _last_log: float = field(default_factory=time.monotonic)
 
     def on_step(self, out, num_sampled: int, seconds: float, scheduler, block_manager) -> None:
+        self._on_prefix_counters(scheduler.prefix_cache_queries, scheduler.prefix_cache_hits)
         prompt = out.num_batched_tokens - out.num_decode_tokens
         self.num_prompt_tokens_total += prompt
         self.num_generation_tokens_total += num_sampled
@@ -37,11 +38,10 @@ class EngineStats:
         if now - self._last_log >= LOG_INTERVAL_S:
             self._log(now, scheduler, block_manager)
 
-    def on_prefix_lookup(self, queried_tokens: int, hit_tokens: int) -> None:
-        self.prefix_cache_queries_total += queried_tokens
-        self.prefix_cache_hits_total += hit_tokens
-        self._window_queries += queried_tokens
-        self._window_hits += hit_tokens
+    def _on_prefix_counters(self, queries_total: int, hits_total: int) -> None:
+        self._window_queries += queries_total - self.prefix_cache_queries_total
+        self._window_hits += hits_total - self.prefix_cache_hits_total
+        self.prefix_cache_queries_total, self.prefix_cache_hits_total = queries_total, hits_total
 
     def _log(self, now: float, scheduler, block_manager) -> None:
         elapsed = now - self._last_log

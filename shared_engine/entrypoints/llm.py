@@ -40,14 +40,16 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run prompts to completion; outputs come back in prompt order.
 
-        A prompt is a string, a list of token ids, or `{"prompt_token_ids": [...]}` / `{"prompt": "..."}`;
+        A prompt is a string, a list of token ids, or `{"prompt_token_ids": [...]}` / `{"prompt": "..."}`
+        (a dict may add `"cache_salt"`: requests share cached prefix blocks only under the same salt);
         a list of them is a batch. Raises `ValueError` for a bad prompt or parameters; nothing is queued
         then (all prompts are validated before any is added).
         """
         batch = _as_batch(prompts)
         params = _params_for(batch, sampling_params)
         encoded = [self._encode(p) for p in batch]
-        return self._run(encoded, params, use_tqdm)
+        salts = [p.get("cache_salt") if isinstance(p, dict) else None for p in batch]
+        return self._run(encoded, params, use_tqdm, salts)
 
     def chat(
         self,
@@ -78,15 +80,15 @@ class LLM:
             return prompt, tok.encode(prompt) if prompt else []
         return None, list(prompt)
 
-    def _run(self, encoded, params, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, encoded, params, use_tqdm: bool, salts=None) -> list[RequestOutput]:
         engine = self.engine
         for (_, ids), p in zip(encoded, params):  # validate everything before queueing anything
             engine_check(engine, ids, p)
         order = {}
-        for (text, ids), p in zip(encoded, params):
+        for (text, ids), p, salt in zip(encoded, params, salts or [None] * len(encoded)):
             request_id = str(next(self._ids))
             order[request_id] = len(order)
-            engine.add_request(request_id, ids, p, prompt=text)
+            engine.add_request(request_id, ids, p, prompt=text, cache_salt=salt)
         results: list[RequestOutput | None] = [None] * len(order)
         bar = _progress(len(order), use_tqdm)
         while engine.has_unfinished_requests():

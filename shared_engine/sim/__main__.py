@@ -1,0 +1,110 @@
+"""`python -m shared_engine.sim --config ENGINE.yaml --workload WORKLOAD.yaml [--gpu H200 --replicas N]`
+
+Simulates the workload on N replicas of the engine (the engine's real scheduler and block manager, the
+step-time roofline for the GPU), then the same workload at 10x traffic, and, when the workload names an
+SLO, the fewest replicas meeting it at both loads. Prints a text table; `--json` and `--png` write files.
+The engine YAML is the server's (flat names: `max_num_seqs`, `max_num_batched_tokens`, `model`, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from shared_engine.config import EngineConfig
+from shared_engine.sim.cost import cost_summary, fewest_replicas
+from shared_engine.sim.hardware import hardware_names, load_hardware
+from shared_engine.sim.model_shape import resolve_arch
+from shared_engine.sim.report import to_text, write_json, write_png
+from shared_engine.sim.simulator import Simulator
+from shared_engine.sim.workload_spec import WorkloadSpec
+
+
+def load_engine_yaml(path: str | None) -> dict:
+    if path is None:
+        return {}
+    import yaml
+
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    return {k.replace("-", "_"): v for k, v in raw.items()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m shared_engine.sim", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="engine YAML (the server's flat settings); default: engine defaults")
+    p.add_argument("--workload", required=True, help="workload YAML (see shared_engine/sim/examples)")
+    p.add_argument("--gpu", default="H200", help=f"hardware profile: {', '.join(hardware_names())}")
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--model", help="preset or config.json path; overrides the YAML's `model`")
+    p.add_argument("--price-per-hour", type=float, help="GPU $/hour, overriding the profile's dated price")
+    p.add_argument("--traffic-multiplier", type=float, default=10.0, help="the scaled scenario (0: skip)")
+    p.add_argument("--max-replicas", type=int, default=256, help="upper bound of the SLO search")
+    p.add_argument("--json", help="write the full report here")
+    p.add_argument("--png", help="write a latency plot here (needs matplotlib: pip install '.[sim]')")
+    return p
+
+
+def run_scenario(sim: Simulator, workload: WorkloadSpec, replicas: int, price, max_replicas: int) -> dict:
+    def simulate(n: int) -> dict:
+        return sim.run_replicas(workload, n).summary()
+
+    summary = simulate(replicas)
+    section = {"workload": workload.name, "summary": summary,
+               "cost": cost_summary(summary, price, replicas, workload.prices)}
+    if workload.slo:
+        found = fewest_replicas(lambda n: summary if n == replicas else simulate(n), workload.slo, max_replicas)
+        section["fewest_replicas_for_slo"] = {
+            "slo": workload.slo, "replicas": found and found[0],
+            "summary": found and found[1],
+            "cost": found and cost_summary(found[1], price, found[0], workload.prices),
+        }
+    return section
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    started = time.perf_counter()
+    flat = load_engine_yaml(args.config)
+    if args.model:
+        flat["model"] = args.model
+    model_name, arch = resolve_arch(flat.get("model"))
+    config = EngineConfig.from_flat(**flat)
+    hardware = load_hardware(args.gpu)
+    if args.price_per_hour is not None:
+        hardware = hardware.with_price(args.price_per_hour)
+    workload = WorkloadSpec.from_yaml(args.workload)
+    sim = Simulator(config, arch, hardware)
+    price = hardware.price_usd_per_hour
+    report = {"inputs": {"model": model_name, "dtype": sim.dtype, "hardware": dataclasses.asdict(hardware),
+                         "engine_config": sim.config.to_flat(), "workload": _plain(workload),
+                         "replicas": args.replicas, "num_kv_blocks_per_replica": sim.num_blocks},
+              "note": "modelled with the engine's scheduler in simulated time, not measured"}
+    report["baseline"] = run_scenario(sim, workload, args.replicas, price, args.max_replicas)
+    if args.traffic_multiplier:
+        scaled = dataclasses.replace(workload.scaled(args.traffic_multiplier),
+                                     name=f"{workload.name} x{args.traffic_multiplier:g}")
+        report["traffic_10x"] = run_scenario(sim, scaled, args.replicas, price, args.max_replicas)
+        report["traffic_10x"]["multiplier"] = args.traffic_multiplier
+    report["wall_s"] = time.perf_counter() - started
+    print(to_text(report), end="")
+    if args.json:
+        write_json(report, args.json)
+    if args.png and not write_png(report, args.png):
+        print("matplotlib is not installed: no PNG written (pip install '.[sim]')", file=sys.stderr)
+    return 0
+
+
+def _plain(obj):
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""`HardwareProfile`: one accelerator (or this CPU) as the step-time model sees it, loaded from a data file.
+
+Profiles live in `hardware_profiles/<key>.json`, one per device. Peak figures come from the vendor's
+datasheet (dense, no sparsity); the achieved fractions come from measurement: on the H200 the measured copy
+bandwidth and bf16 matmul rate over its datasheet (4.23/4.8 TB/s, 795/989 TFLOP/s), which the other GPUs
+borrow (`achieved_fractions_from`); on a CPU a recorded step profile (`calibration`, fitted by
+`calibration.fit_step_profile`). Prices are dated inputs, never constants of the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from shared_engine.config.validation import check_choice, check_range
+
+PROFILES_DIR = Path(__file__).parent / "hardware_profiles"
+COMBINE_RULES = {"max", "sum"}
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A device. Units: bytes, bytes/s, FLOP/s, seconds, US dollars per hour.
+
+    `memory_bandwidth` and `matmul_flops` are peaks (datasheet, or measured ceilings on a CPU);
+    `bandwidth_fraction` and `matmul_fraction` are the achieved shares of those peaks. A step costs
+    `step_overhead_s + per_seq_overhead_s * num_seqs + combine(memory time, compute time)`, where
+    `combine` is `max` (a roofline: GPUs overlap the two) or `sum` (no overlap).
+    """
+
+    name: str
+    kind: str  # "gpu" or "cpu"
+    memory_bytes: float
+    memory_bandwidth: float
+    matmul_flops: float
+    default_dtype: str
+    bandwidth_fraction: float = 1.0
+    matmul_fraction: float = 1.0
+    step_overhead_s: float = 0.0
+    per_seq_overhead_s: float = 0.0
+    combine: str = "max"
+    price_usd_per_hour: float | None = None
+    price_date: str | None = None
+    price_source: str = ""
+    datasheet_source: str = ""
+    fraction_source: str = ""
+    overhead_source: str = ""
+    calibration: str | None = None  # step profile file (relative to the sim package) the fit came from
+    calibration_error: dict | None = None  # fit quality on that file (median / p90 relative error)
+
+    def __post_init__(self) -> None:
+        check_choice("kind", self.kind, {"gpu", "cpu"})
+        check_choice("combine", self.combine, COMBINE_RULES)
+        for name in ("memory_bytes", "memory_bandwidth", "matmul_flops"):
+            check_range(name, getattr(self, name), 0, low_open=True)
+        for name in ("bandwidth_fraction", "matmul_fraction"):
+            check_range(name, getattr(self, name), 0.0, 1.0, low_open=True)
+        check_range("step_overhead_s", self.step_overhead_s, 0.0)
+        check_range("per_seq_overhead_s", self.per_seq_overhead_s, 0.0)
+        check_range("price_usd_per_hour", self.price_usd_per_hour, 0.0, allow_none=True)
+
+    @property
+    def achieved_bandwidth(self) -> float:
+        return self.memory_bandwidth * self.bandwidth_fraction
+
+    @property
+    def achieved_matmul_flops(self) -> float:
+        return self.matmul_flops * self.matmul_fraction
+
+    def with_price(self, usd_per_hour: float, date: str = "user input") -> HardwareProfile:
+        return dataclasses.replace(self, price_usd_per_hour=usd_per_hour, price_date=date,
+                                   price_source="given on the command line")
+
+
+def hardware_names() -> list[str]:
+    """Keys accepted by `load_hardware` (file stems: `h200`, `h100-sxm`, ..., `cpu-2core`)."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def _normalise(name: str) -> str:
+    return name.strip().lower().replace(" ", "-").replace("_", "-")
+
+
+@lru_cache(maxsize=None)
+def load_hardware(name: str) -> HardwareProfile:
+    """Load a profile by key or display name (`H200`, `h100-sxm`, `cpu-2core`, case-insensitive).
+
+    Raises:
+        ValueError: no such profile (the message lists the known ones).
+    """
+    raw = _read(name)
+    fields = {f.name for f in dataclasses.fields(HardwareProfile)}
+    if "measured_bandwidth" in raw:  # the reference device: fractions are measured / datasheet
+        raw["bandwidth_fraction"] = raw["measured_bandwidth"] / raw["memory_bandwidth"]
+        raw["matmul_fraction"] = raw["measured_matmul_flops"] / raw["matmul_flops"]
+        raw.setdefault("fraction_source", raw.get("measured_source", ""))
+    if "achieved_fractions_from" in raw:
+        ref = load_hardware(raw["achieved_fractions_from"])
+        raw["bandwidth_fraction"], raw["matmul_fraction"] = ref.bandwidth_fraction, ref.matmul_fraction
+    profile = HardwareProfile(**{k: v for k, v in raw.items() if k in fields})
+    if profile.calibration:
+        from shared_engine.sim.calibration import calibrated
+
+        profile = calibrated(profile, Path(__file__).parent / profile.calibration)
+    return profile
+
+
+def _read(name: str) -> dict:
+    key = _normalise(name)
+    path = PROFILES_DIR / f"{key}.json"
+    if not path.exists():
+        for candidate in PROFILES_DIR.glob("*.json"):
+            if _normalise(json.loads(candidate.read_text())["name"]) == key:
+                path = candidate
+                break
+        else:
+            raise ValueError(f"unknown hardware {name!r}; known: {', '.join(hardware_names())}")
+    return json.loads(path.read_text())

@@ -1,0 +1,159 @@
+"""`Simulator`: the engine's own `Scheduler` and `BlockManager`, driven in simulated time with no model.
+
+Each loop: requests whose arrival time has come are added; `Scheduler.schedule()` picks the step exactly
+as in the engine; the step-time model says how long that step would take on the hardware; the clock
+advances; every request that samples gets a dummy token id and `update_from_output` finishes it at its
+output length (requests run with `ignore_eos`, as benchmark workloads do). When nothing is running the
+clock jumps to the next arrival. Scheduling decisions therefore cannot drift from the engine's: they are
+made by the same code (tests compare them step by step with a real `LLMEngine` run).
+
+Per-step work is proportional to the step's batch (one pass over the scheduled requests), never to the
+history, so 10,000 requests simulate in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from shared_engine.config import EngineConfig
+from shared_engine.core.block_manager import BlockManager
+from shared_engine.core.request import Request
+from shared_engine.core.scheduler import Scheduler
+from shared_engine.core.scheduler_output import SchedulerOutput
+from shared_engine.engine.kv_capacity import check_fits, num_kv_blocks
+from shared_engine.model_arch import DTYPE_BYTES, ModelArch
+from shared_engine.sampling_params import SamplingParams
+from shared_engine.sim.hardware import HardwareProfile
+from shared_engine.sim.metrics import SimMetrics
+from shared_engine.sim.step_time import StepTimeModel
+from shared_engine.sim.workload import RequestSpec, WorkloadGenerator
+from shared_engine.sim.workload_spec import WorkloadSpec
+
+DUMMY_TOKEN_ID = 0
+_PARAMS = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+
+
+class Simulator:
+    """One engine configuration on one device type; `run` simulates one replica, `run_replicas` many.
+
+    `step_model` needs `seconds_from_totals(num_seqs, num_tokens, num_sampled, ctx_tokens, attn_pairs)`
+    (see `StepTimeModel`); the default is the roofline for `arch` on `hardware`.
+
+    Raises:
+        ValueError: the weights do not fit in the device memory, or `max_model_len` does not fit in the KV
+            pool (the engine's own check and message).
+    """
+
+    def __init__(self, config: EngineConfig, arch: ModelArch, hardware: HardwareProfile, step_model=None) -> None:
+        self.arch = arch
+        self.hardware = hardware
+        self.max_model_len = config.model.max_model_len or arch.max_position_embeddings
+        self.config = config.with_model_len(self.max_model_len)
+        dtype = config.model.dtype
+        self.dtype = hardware.default_dtype if dtype == "auto" else dtype
+        self.step_model = step_model or StepTimeModel(arch, self.dtype, hardware)
+        bytes_per_block = arch.kv_bytes_per_token(self.dtype) * self.config.cache.block_size
+        self.num_blocks = num_kv_blocks(self.config, bytes_per_block, self.free_kv_bytes())
+        check_fits(self.num_blocks, self.config.cache.block_size, self.max_model_len)
+
+    def free_kv_bytes(self) -> int | None:
+        """GPU: device memory * gpu_memory_utilization - weights - peak activations at the token budget (as
+        the engine's profiling pass measures them; estimated here). CPU: None (the engine's byte default)."""
+        if self.hardware.kind == "cpu":
+            return None
+        a, size = self.arch, DTYPE_BYTES[self.dtype]
+        tokens = min(self.config.scheduler.token_budget, self.max_model_len)
+        width = 3 * a.hidden_size + 2 * a.intermediate_size + (a.num_heads + 2 * a.num_kv_heads) * a.head_dim
+        activations = tokens * width * size + 4 * a.vocab_size
+        weights = a.weight_bytes(self.dtype)
+        budget = self.hardware.memory_bytes * self.config.cache.gpu_memory_utilization - weights - activations
+        if budget <= 0:
+            raise ValueError(f"{weights / 1e9:.1f} GB of weights ({self.dtype}) do not fit in "
+                             f"{self.hardware.memory_bytes / 1e9:.0f} GB * gpu_memory_utilization "
+                             f"{self.config.cache.gpu_memory_utilization} on {self.hardware.name}")
+        return int(budget)
+
+    def new_scheduler(self) -> Scheduler:
+        """Built exactly as `LLMEngine.__init__` builds it."""
+        block_manager = BlockManager(self.num_blocks, self.config.cache.block_size)
+        return Scheduler(self.config.scheduler, block_manager, self.max_model_len)
+
+    def run(self, workload, metrics: SimMetrics | None = None,
+            on_step: Callable[[SchedulerOutput, float], None] | None = None) -> SimMetrics:
+        """Simulate one replica until the workload is exhausted and every request finished.
+
+        `workload` has `peek_time()`, `pop_due(now)` and `on_finish(spec, output_ids, now)` (a
+        `WorkloadGenerator` or `TraceWorkload`). `on_step(out, now)` sees every non-empty step.
+        """
+        metrics = metrics or SimMetrics(num_blocks=self.num_blocks)
+        scheduler = self.new_scheduler()
+        usage = scheduler.block_manager
+        seconds = self.step_model.seconds_from_totals
+        specs: dict[str, RequestSpec] = {}
+        itl = metrics.itl
+        now = 0.0
+        while True:
+            if workload.peek_time() <= now:
+                for spec in workload.pop_due(now):
+                    specs[spec.request_id] = spec
+                    scheduler.add_request(_request(spec))
+            if not scheduler.has_unfinished_requests():
+                upcoming = workload.peek_time()
+                if upcoming == math.inf:
+                    return metrics
+                now = max(now, upcoming)
+                continue
+            out = scheduler.schedule()
+            if out.is_empty:
+                self._stalled(scheduler, workload)
+                now = workload.peek_time()
+                continue
+            num_tokens = num_sampled = ctx = pairs = 0
+            sampled = {}
+            for item in out.scheduled:
+                n = len(item.token_ids)
+                start = item.start_position
+                num_tokens += n
+                ctx += start + n
+                pairs += n * start + (n * (n + 1) >> 1)
+                if item.needs_sample:
+                    num_sampled += 1
+                    sampled[item.request.request_id] = DUMMY_TOKEN_ID
+            step_s = seconds(len(out.scheduled), num_tokens, num_sampled, ctx, pairs)
+            now += step_s
+            for item in out.scheduled:
+                request = item.request
+                if item.needs_sample and request.last_token_time is not None:
+                    itl.append(now - request.last_token_time)
+            updated = scheduler.update_from_output(out, sampled, now)
+            metrics.on_step(step_s, 1.0 - usage.num_free_blocks / usage.num_blocks, len(out.preempted_request_ids))
+            if on_step is not None:
+                on_step(out, now)
+            for request in updated:
+                if request.is_finished:
+                    metrics.on_finish(request)
+                    workload.on_finish(specs.pop(request.request_id), request.output_token_ids, now)
+
+    def _stalled(self, scheduler: Scheduler, workload) -> None:
+        """Nothing schedulable although requests wait: only an arrival can change that."""
+        if workload.peek_time() == math.inf:
+            head = scheduler.waiting[0] if scheduler.waiting else None
+            raise RuntimeError(f"the scheduler can make no progress (waiting {scheduler.num_waiting}, running "
+                               f"{scheduler.num_running}, first waiting needs {head and head.num_tokens} tokens "
+                               f"of {self.num_blocks * self.config.cache.block_size} in the KV pool)")
+
+    def run_replicas(self, spec: WorkloadSpec, num_replicas: int) -> SimMetrics:
+        """`num_replicas` independent engines, requests routed at random (sessions sticky)."""
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        total = SimMetrics(num_replicas=num_replicas, num_blocks=self.num_blocks)
+        for replica in range(num_replicas):
+            workload = WorkloadGenerator(spec, self.arch.vocab_size, self.max_model_len, replica, num_replicas)
+            total.merge(self.run(workload))
+        return total
+
+
+def _request(spec: RequestSpec) -> Request:
+    return Request(request_id=spec.request_id, prompt_token_ids=spec.prompt_token_ids, sampling_params=_PARAMS,
+                   max_tokens=spec.max_tokens, arrival_time=spec.arrival_time, lora_name=spec.lora_name)

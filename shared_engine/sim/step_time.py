@@ -1,0 +1,104 @@
+"""`StepTimeModel`: seconds one engine step takes, from the step's contents (a roofline).
+
+For a step whose scheduled requests each compute `n` new tokens at positions `[s, s + n)`:
+
+    bytes  = weight bytes (every layer + LM head, read once per step)
+           + KV bytes per token * sum(s + n)          (attention reads each request's whole context)
+           + KV bytes per token * sum(n)              (the new tokens' K/V are written)
+    FLOPs  = 2 * body parameters * sum(n)              (every matmul in the layers, per token)
+           + 2 * vocab * hidden * num_sampled          (LM head, only for tokens that sample)
+           + 4 * layers * heads * head_dim * sum(n*s + n(n+1)/2)   (QK^T and PV, causal in the chunk)
+    time   = step_overhead + per_seq_overhead * num_seqs
+           + combine(bytes / achieved bandwidth, FLOPs / achieved matmul rate)
+
+The roofline is Williams, Waterman & Patterson, "Roofline" (CACM 2009); the per-token FLOP count is the
+2N rule of Kaplan et al. 2020 ("Scaling Laws", table 1) split into body and head; KV bytes per token come
+from `ModelArch.kv_bytes_per_token`. The achieved fractions and overheads are the hardware profile's
+(measured on the H200, fitted from a recorded step profile on a CPU: see `calibration.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared_engine.model_arch import DTYPE_BYTES, ModelArch
+from shared_engine.sim.hardware import HardwareProfile
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """Constants of the model needed per step, in bytes and FLOPs."""
+
+    weight_bytes: float  # read once per step: layers + final norm + LM head
+    kv_bytes_per_token: float
+    body_flops_per_token: float  # 2 * parameters in the decoder layers
+    head_flops_per_sample: float  # 2 * vocab * hidden
+    attn_flops_per_pair: float  # 4 * layers * heads * head_dim, per (query, key) pair
+
+    @classmethod
+    def from_arch(cls, arch: ModelArch, dtype: str) -> StepShape:
+        size = DTYPE_BYTES[dtype]
+        h = arch.hidden_size
+        head = arch.vocab_size * h
+        embed = head * (1 if arch.tie_word_embeddings else 2)
+        body = arch.num_parameters - embed - h  # decoder layers only
+        return cls(
+            weight_bytes=(body + h + head) * size,
+            kv_bytes_per_token=arch.kv_bytes_per_token(dtype),
+            body_flops_per_token=2.0 * body,
+            head_flops_per_sample=2.0 * head,
+            attn_flops_per_pair=4.0 * arch.num_layers * arch.num_heads * arch.head_dim,
+        )
+
+    def bytes_and_flops(self, num_tokens: float, num_sampled: float, ctx_tokens: float, attn_pairs: float):
+        """(bytes moved, FLOPs) for a step with these totals (scalars or numpy arrays)."""
+        moved = self.weight_bytes + self.kv_bytes_per_token * (ctx_tokens + num_tokens)
+        flops = (self.body_flops_per_token * num_tokens + self.head_flops_per_sample * num_sampled
+                 + self.attn_flops_per_pair * attn_pairs)
+        return moved, flops
+
+
+def item_totals(items) -> tuple[int, int, int, int, int]:
+    """(num_seqs, num_tokens, num_sampled, ctx_tokens, attn_pairs) from `(start, n, needs_sample)` items."""
+    num_tokens = num_sampled = ctx = pairs = 0
+    for start, n, sample in items:
+        num_tokens += n
+        num_sampled += sample
+        ctx += start + n
+        pairs += n * start + n * (n + 1) // 2
+    return len(items), num_tokens, num_sampled, ctx, pairs
+
+
+class StepTimeModel:
+    """Step seconds for one model on one device. `seconds(scheduled)` is the simulator's hot path."""
+
+    def __init__(self, arch: ModelArch, dtype: str, hardware: HardwareProfile) -> None:
+        self.shape = StepShape.from_arch(arch, dtype)
+        self.hardware = hardware
+        self._inv_bw = 1.0 / hardware.achieved_bandwidth
+        self._inv_flops = 1.0 / hardware.achieved_matmul_flops
+        self._use_max = hardware.combine == "max"
+
+    def seconds_from_totals(self, num_seqs, num_tokens, num_sampled, ctx_tokens, attn_pairs) -> float:
+        moved, flops = self.shape.bytes_and_flops(num_tokens, num_sampled, ctx_tokens, attn_pairs)
+        mem, compute = moved * self._inv_bw, flops * self._inv_flops
+        body = max(mem, compute) if self._use_max else mem + compute
+        hw = self.hardware
+        return hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs + body
+
+    def seconds(self, scheduled) -> float:
+        """Seconds for a step given `SchedulerOutput.scheduled` (a list of `ScheduledRequest`)."""
+        num_tokens = num_sampled = ctx = pairs = 0
+        for item in scheduled:
+            n = len(item.token_ids)
+            start = item.start_position
+            num_tokens += n
+            ctx += start + n
+            pairs += n * start + (n * (n + 1) >> 1)
+            if item.needs_sample:
+                num_sampled += 1
+        return self.seconds_from_totals(len(scheduled), num_tokens, num_sampled, ctx, pairs)
+
+    def decode_floor_seconds(self, batch: int = 1, context: int = 0) -> float:
+        """A pure decode step of `batch` requests at `context` tokens (for reports and sanity checks)."""
+        return self.seconds_from_totals(batch, batch, batch, batch * (context + 1), batch * (context + 1))
