@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 
 def git_commit() -> str:
@@ -21,7 +21,8 @@ def git_commit() -> str:
 def hardware() -> dict:
     import torch
 
-    info = {"cpu": _cpu_model(), "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    info = {"cpu": _cpu_model(), "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_average_1_5_15": list(os.getloadavg())}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(gpu=props.name, gpu_memory_bytes=props.total_memory, gpu_count=torch.cuda.device_count())
@@ -38,14 +39,15 @@ def environment() -> dict:
         except ImportError:
             versions[name] = None
     return {"hardware": hardware(), "versions": versions, "commit": git_commit(),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            "date": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
 def _cpu_model() -> str:
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return platform.processor()

@@ -36,10 +36,10 @@ def workload(args) -> tuple[list[list[int]], list[int]]:
 def run_ours(args, prompts, out_lens) -> dict:
     from shared_engine import LLM, SamplingParams
 
-    settings = {k: v for k, v in {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-                                  "max_model_len": args.max_model_len, "dtype": args.dtype,
-                                  "load_format": args.load_format, "kv_cache_memory": args.kv_cache_memory}.items()
-                if v is not None}
+    chosen = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+              "max_model_len": args.max_model_len, "dtype": args.dtype, "load_format": args.load_format,
+              "kv_cache_memory": args.kv_cache_memory}
+    settings = {k: v for k, v in chosen.items() if v is not None}
     llm = LLM(args.model, **settings)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
     llm.generate([[5] * 16], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
@@ -109,7 +109,8 @@ def main() -> None:
 
         source = resolve_model(args.model, args.load_format or "auto")
         results["transformers"] = run_transformers(args, prompts, out_lens, source.path)
-        results["speedup_vs_transformers"] = results["ours"]["output_throughput"] / results["transformers"]["output_throughput"]
+        ours, hf = results["ours"]["output_throughput"], results["transformers"]["output_throughput"]
+        results["speedup_vs_transformers"] = ours / hf
         print(f"transformers: {results['transformers']['output_throughput']:8.1f} output tokens/s "
               f"({results['transformers']['elapsed_s']:.1f} s)")
         print(f"speed-up: {results['speedup_vs_transformers']:.2f}x")

@@ -50,7 +50,8 @@ class ModelArch:
         family = SUPPORTED_ARCHITECTURES[arch]
         num_heads = cfg["num_attention_heads"]
         rope_params = cfg.get("rope_parameters") or {}
-        rope_scaling = cfg.get("rope_scaling") or (rope_params if rope_params.get("rope_type", "default") != "default" else None)
+        scaled = rope_params.get("rope_type", "default") != "default"
+        rope_scaling = cfg.get("rope_scaling") or (rope_params if scaled else None)
         eos = cfg.get("eos_token_id")
         return cls(
             architecture=arch,

@@ -9,6 +9,13 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Triton kernels run on the CPU through Triton's interpreter; the variable must be set before triton is
+# first imported (the engine's layers import the kernels), so it is set here, before any test module loads.
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def pytest_collection_modifyitems(config, items):
     import torch

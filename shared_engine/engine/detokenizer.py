@@ -41,8 +41,8 @@ class IncrementalDetokenizer:
     def flush(self) -> None:
         """On finish, emit any bytes still held back (a trailing incomplete character decodes to U+FFFD)."""
         if self.stop_hit is None and self.read_offset < len(self.ids):
-            tail = self._decode(self.ids[self.prefix_offset :])[len(self._decode(self.ids[self.prefix_offset : self.read_offset])) :]
-            self.text += tail
+            prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+            self.text += self._decode(self.ids[self.prefix_offset :])[len(prefix) :]
             self.read_offset = len(self.ids)
 
     @property

@@ -103,12 +103,15 @@ class OutputBuilder:
                 stream_safe_len=detok.stream_safe_len if detok is not None else None,
             ))
         first = group.children[0]
+        def times(name: str) -> list[float]:
+            return [getattr(c, name) for c in group.children if getattr(c, name) is not None]
+
         metrics = RequestMetrics(
             arrival_time=first.arrival_time,
-            first_scheduled_time=min((c.first_scheduled_time for c in group.children if c.first_scheduled_time), default=None),
-            first_token_time=min((c.first_token_time for c in group.children if c.first_token_time), default=None),
-            last_token_time=max((c.last_token_time for c in group.children if c.last_token_time), default=None),
-            finished_time=max((c.finished_time or 0 for c in group.children), default=None),
+            first_scheduled_time=min(times("first_scheduled_time"), default=None),
+            first_token_time=min(times("first_token_time"), default=None),
+            last_token_time=max(times("last_token_time"), default=None),
+            finished_time=max(times("finished_time"), default=None),
         )
         return RequestOutput(
             request_id=request_id,

@@ -44,9 +44,8 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device) ->
         if item.needs_sample:
             sample_indices.append(cu[-1] - 1)
             sampled_rows.append(row)
-    tables = torch.zeros(len(out.scheduled), max_blocks, dtype=torch.int32)
-    for row, item in enumerate(out.scheduled):
-        tables[row, : len(item.block_table)] = torch.tensor(item.block_table, dtype=torch.int32)
+    tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in out.scheduled],
+                          dtype=torch.int32)
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         block_tables=tables.to(device),

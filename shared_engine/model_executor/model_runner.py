@@ -11,11 +11,12 @@ import torch
 from shared_engine.config import EngineConfig
 from shared_engine.core.scheduler_output import SchedulerOutput
 from shared_engine.model_executor.attention.registry import get_backend
+from shared_engine.model_executor.cuda_graph_runner import CudaGraphRunner
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.models.registry import get_model_class
 from shared_engine.model_loader.model_source import ModelSource
 from shared_engine.model_loader.weight_loader import init_dummy, load_safetensors
-from shared_engine.sampling.sampler import SampleResult, Sampler
+from shared_engine.sampling.sampler import Sampler, SampleResult
 
 logger = logging.getLogger(__name__)
 
@@ -37,18 +38,22 @@ class ModelRunner:
         self.dtype = _TORCH_DTYPES[self.dtype_name]
         self.arch = source.arch
         self.block_size = config.cache.block_size
-        self.backend = get_backend("torch")
+        self.backend = get_backend("triton" if self.device.type == "cuda" else "torch")
         self.sampler = Sampler(seed=config.model.seed)
         started = time.perf_counter()
         self.model = self._load(source)
         self.load_seconds = time.perf_counter() - started
         self.kv_caches: list[torch.Tensor] = []
+        self.graph_runner: CudaGraphRunner | None = None
+        self.compile_seconds = 0.0  # first forward pass (Triton JIT) during profiling
+        self.capture_seconds = 0.0
 
     def _load(self, source: ModelSource) -> torch.nn.Module:
         torch.manual_seed(self.config.model.seed)
         model_cls = get_model_class(self.arch.architecture)
         with torch.device(self.device):
-            model = model_cls(self.arch, max_position=self.config.model.max_model_len or self.arch.max_position_embeddings)
+            max_position = self.config.model.max_model_len or self.arch.max_position_embeddings
+            model = model_cls(self.arch, max_position=max_position)
         model.to(self.dtype)
         if self.config.model.load_format == "dummy":
             init_dummy(model, seed=self.config.model.seed)
@@ -64,7 +69,9 @@ class ModelRunner:
             return None
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
+        started = time.perf_counter()
         self._profile_run(min(self.config.scheduler.token_budget, self.config.model.max_model_len))
+        self.compile_seconds = time.perf_counter() - started
         peak = torch.cuda.max_memory_allocated(self.device)
         total = torch.cuda.get_device_properties(self.device).total_memory
         return max(0, int(total * self.config.cache.gpu_memory_utilization) - peak)
@@ -96,11 +103,29 @@ class ModelRunner:
         shape = (2, num_blocks, self.block_size, self.arch.num_kv_heads, self.arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_layers)]
 
+    def capture_cuda_graphs(self) -> None:
+        """Capture decode graphs (CUDA, unless `enforce_eager`) for `cuda_graph_sizes` up to max_num_seqs."""
+        cfg = self.config
+        if self.device.type != "cuda" or cfg.device.enforce_eager:
+            return
+        sizes = [s for s in cfg.device.cuda_graph_sizes if s <= cfg.scheduler.max_num_seqs]
+        if not sizes:
+            return
+        started = time.perf_counter()
+        max_len = cfg.model.max_model_len
+        with torch.inference_mode():
+            self.graph_runner = CudaGraphRunner(self.model, self.kv_caches, self.backend, sizes,
+                                                -(-max_len // self.block_size), max_len, self.device)
+        self.capture_seconds = time.perf_counter() - started
+
     # ---- one step ------------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
         inputs = build_inputs(out, self.block_size, self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
+        if self.graph_runner is not None and self.graph_runner.can_run(inputs.meta, inputs.input_ids.shape[0]):
+            hidden = self.graph_runner.run(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         prompt_logprobs = self._prompt_logprobs(out, hidden, inputs)
         sampled: dict[str, SampleResult] = {}
         if inputs.sampled_rows:

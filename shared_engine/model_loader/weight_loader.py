@@ -22,7 +22,8 @@ def load_safetensors(model: nn.Module, path: Path) -> None:
     loaded: set[str] = set()
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            loaded |= model.load_weights((name, f.get_tensor(name)) for name in f.keys())
+            names = list(f.keys())  # noqa: SIM118 (safe_open is not a dict)
+            loaded |= model.load_weights((name, f.get_tensor(name)) for name in names)
     expected = {name for name, _ in model.named_parameters()}
     missing = sorted(expected - loaded - _tied(model))
     if missing:

@@ -68,16 +68,21 @@ class Sampler:
         probs = torch.softmax(logits, dim=-1)
         probs = _min_p(probs, [p.min_p for p in params])
         noise = torch.empty_like(probs)
+        unseeded = [row for row, r in enumerate(requests) if r.sampling_params.seed is None]
+        if unseeded:  # one draw for all rows on the shared stream
+            noise[unseeded] = torch.empty_like(probs[unseeded]).exponential_(generator=self._default_gen(logits.device))
         for row, request in enumerate(requests):
-            noise[row].exponential_(generator=self._generator(request, logits.device))
+            if request.sampling_params.seed is not None:
+                noise[row].exponential_(generator=self._generator(request, logits.device))
         return (probs / noise).argmax(dim=-1)
+
+    def _default_gen(self, device: torch.device) -> torch.Generator:
+        if device not in self._default:
+            self._default[device] = torch.Generator(device=device).manual_seed(self._seed)
+        return self._default[device]
 
     def _generator(self, request: Request, device: torch.device) -> torch.Generator:
         seed = request.sampling_params.seed
-        if seed is None:
-            if device not in self._default:
-                self._default[device] = torch.Generator(device=device).manual_seed(self._seed)
-            return self._default[device]
         gen = self._generators.get(request.request_id)
         if gen is None:
             # Distinct, reproducible streams per choice: mix the choice index into the seed.
@@ -126,5 +131,6 @@ def _top_p(logits: torch.Tensor, ps: list[float]) -> torch.Tensor:
 def _min_p(probs: torch.Tensor, min_ps: list[float]) -> torch.Tensor:
     if all(p == 0 for p in min_ps):
         return probs
-    threshold = torch.tensor(min_ps, device=probs.device, dtype=probs.dtype)[:, None] * probs.max(-1, keepdim=True).values
+    min_p = torch.tensor(min_ps, device=probs.device, dtype=probs.dtype)[:, None]
+    threshold = min_p * probs.max(-1, keepdim=True).values
     return probs.masked_fill(probs < threshold, 0.0)

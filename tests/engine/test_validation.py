@@ -21,7 +21,8 @@ def still_serves(llm):
 
 @pytest.mark.parametrize("prompt, params, message", [
     ([], SamplingParams(), "prompt is empty"),
-    ([5] * 100, SamplingParams(max_tokens=40), "maximum context length is 128 tokens.*140 tokens.*100 in the prompt, 40"),
+    ([5] * 100, SamplingParams(max_tokens=40),
+     "maximum context length is 128 tokens.*140 tokens.*100 in the prompt, 40"),
     ([5] * 128, SamplingParams(max_tokens=None), "maximum context length is 128.*128 tokens"),
     ([999], SamplingParams(), r"token ids must be integers in \[0, 128\)"),
 ])

@@ -26,4 +26,4 @@ def get_backend(name: str):
 
 
 def _import_builtin() -> None:
-    from shared_engine.model_executor.attention import torch_backend  # noqa: F401
+    from shared_engine.model_executor.attention import torch_backend, triton_backend  # noqa: F401

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.rms_norm import rms_norm
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float) -> None:
@@ -19,8 +21,10 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Without `residual`: the normalised x. With it: `(norm(x + residual), x + residual)`.
 
-        Computed in fp32 and cast back, as Hugging Face's LlamaRMSNorm does.
+        Computed in fp32 and cast back, as Hugging Face's LlamaRMSNorm does; on CUDA one fused Triton kernel.
         """
+        if x.is_cuda and x.dim() == 2:
+            return rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual
             residual = x

@@ -1,0 +1,38 @@
+"""Triton paged attention (CUDA): KV write, then split-K decode attention for the leading decode sequences
+and varlen causal prefill attention for the prefill chunks after them. No host syncs, so a decode-only
+step can be captured in a CUDA graph."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.kv_cache_write import write_kv_cache
+from kernels.paged_decode_attention import paged_decode_attention
+from kernels.paged_prefill_attention import paged_prefill_attention
+from shared_engine.model_executor.attention.metadata import AttentionMetadata
+from shared_engine.model_executor.attention.registry import register_backend
+
+
+@register_backend("triton")
+class TritonPagedAttention:
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        nd = meta.num_decodes
+        if nd:
+            paged_decode_attention(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.context_lens[:nd], scale,
+                                   out=out[:nd], max_context_len=meta.max_context_len)
+        if meta.num_seqs > nd:
+            cu = meta.cu_seqlens_q[nd:] - nd  # prefill tokens start right after the nd decode tokens
+            paged_prefill_attention(q[nd:], k_cache, v_cache, meta.block_tables[nd:], cu, meta.context_lens[nd:],
+                                    scale, max_seqlen_q=meta.max_query_len, out=out[nd:])
+        return out
