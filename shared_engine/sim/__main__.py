@@ -43,26 +43,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--price-per-hour", type=float, help="GPU $/hour, overriding the profile's dated price")
     p.add_argument("--traffic-multiplier", type=float, default=10.0, help="the scaled scenario (0: skip)")
     p.add_argument("--max-replicas", type=int, default=256, help="upper bound of the SLO search")
+    p.add_argument("--search-requests", type=int, default=2000,
+                   help="requests per SLO-search probe (the first this many of the workload; 0: all)")
+    p.add_argument("--num-requests", type=int, help="override the workload's request count")
+    p.add_argument("--jobs", type=int, default=2, help="scenarios simulated in parallel processes")
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--png", help="write a latency plot here (needs matplotlib: pip install '.[sim]')")
     return p
 
 
-def run_scenario(sim: Simulator, workload: WorkloadSpec, replicas: int, price, max_replicas: int) -> dict:
-    def simulate(n: int) -> dict:
-        return sim.run_replicas(workload, n).summary()
-
-    summary = simulate(replicas)
+def run_scenario(sim: Simulator, workload: WorkloadSpec, replicas: int, price, args) -> dict:
+    """The workload on `replicas` replicas, plus the SLO search (probes on the first `search_requests`)."""
+    summary = sim.run_replicas(workload, replicas).summary()
     section = {"workload": workload.name, "summary": summary,
                "cost": cost_summary(summary, price, replicas, workload.prices)}
     if workload.slo:
-        found = fewest_replicas(lambda n: summary if n == replicas else simulate(n), workload.slo, max_replicas)
+        probe = workload
+        if args.search_requests and workload.num_requests and workload.num_requests > args.search_requests:
+            probe = dataclasses.replace(workload, num_requests=args.search_requests)
+        found = fewest_replicas(lambda n: sim.run_replicas(probe, n).summary(), workload.slo, args.max_replicas)
         section["fewest_replicas_for_slo"] = {
-            "slo": workload.slo, "replicas": found and found[0],
+            "slo": workload.slo, "replicas": found and found[0], "probe_requests": probe.num_requests,
             "summary": found and found[1],
             "cost": found and cost_summary(found[1], price, found[0], workload.prices),
         }
     return section
+
+
+def run_scenarios(sim: Simulator, scenarios: dict, replicas: int, price, args) -> dict:
+    """Each scenario in its own process when `--jobs` > 1 (the scheduler is Python: one core each)."""
+    if args.jobs <= 1 or len(scenarios) == 1:
+        return {name: run_scenario(sim, w, replicas, price, args) for name, w in scenarios.items()}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(min(args.jobs, len(scenarios)), mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {name: pool.submit(run_scenario, sim, w, replicas, price, args) for name, w in scenarios.items()}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,17 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.price_per_hour is not None:
         hardware = hardware.with_price(args.price_per_hour)
     workload = WorkloadSpec.from_yaml(args.workload)
+    if args.num_requests is not None:
+        workload = dataclasses.replace(workload, num_requests=args.num_requests)
     sim = Simulator(config, arch, hardware)
     price = hardware.price_usd_per_hour
     report = {"inputs": {"model": model_name, "dtype": sim.dtype, "hardware": dataclasses.asdict(hardware),
                          "engine_config": sim.config.to_flat(), "workload": _plain(workload),
                          "replicas": args.replicas, "num_kv_blocks_per_replica": sim.num_blocks},
               "note": "modelled with the engine's scheduler in simulated time, not measured"}
-    report["baseline"] = run_scenario(sim, workload, args.replicas, price, args.max_replicas)
+    scenarios = {"baseline": workload}
     if args.traffic_multiplier:
-        scaled = dataclasses.replace(workload.scaled(args.traffic_multiplier),
-                                     name=f"{workload.name} x{args.traffic_multiplier:g}")
-        report["traffic_10x"] = run_scenario(sim, scaled, args.replicas, price, args.max_replicas)
+        scenarios["traffic_10x"] = dataclasses.replace(workload.scaled(args.traffic_multiplier),
+                                                       name=f"{workload.name} x{args.traffic_multiplier:g}")
+    report.update(run_scenarios(sim, scenarios, args.replicas, price, args))
+    if args.traffic_multiplier:
         report["traffic_10x"]["multiplier"] = args.traffic_multiplier
     report["wall_s"] = time.perf_counter() - started
     print(to_text(report), end="")

@@ -1,18 +1,25 @@
 """Fit a hardware profile's achieved fractions and overheads to a recorded step profile.
 
 `scripts/profile_steps.py` records, for every engine step, what was scheduled (`[start, n, needs_sample]`
-per request) and the step's wall time, plus the device's measured copy bandwidth and matmul rate. Here we
-search the achieved bandwidth and matmul fractions on a grid and, for each pair, solve the two overheads
-(per step, per sequence) by weighted least squares on relative error; the pair (and combine rule, `max` or
-`sum`) with the smallest median relative error wins. Steps more than 3 median absolute deviations off the
-first fit are dropped once (other jobs share this machine's two cores and produce slow outliers).
+per request) and the step's wall time, plus the device's measured copy bandwidth and matmul rate. The fit
+minimises relative error, with the hardware profile's combine rule:
+
+- `sum` (no overlap, the CPU): step time is linear in (num_seqs, bytes, matmul FLOPs, attention FLOPs), so
+  the per-sequence overhead and the three inverse rates come from one non-negative least-squares solve.
+  Weight bytes are the same every step for one model, so a per-step overhead cannot be told apart from
+  weight streaming; it is folded into the latter (step_overhead_s = 0).
+- `max` (a roofline, GPUs): the bandwidth and matmul fractions are searched on a grid (attention at the
+  matmul fraction), and the two overheads solved by least squares for each pair.
+
+Steps more than 3 median absolute deviations off the first fit are dropped once (other jobs share this
+machine's two cores and produce slow outliers); the fit quality is reported with the result.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -28,82 +35,90 @@ _GRID = np.geomspace(0.02, 1.0, 36)
 class StepFit:
     bandwidth_fraction: float
     matmul_fraction: float
+    attention_fraction: float
     step_overhead_s: float
     per_seq_overhead_s: float
-    combine: str
-    median_rel_error: float
-    p90_rel_error: float
-    num_steps: int
-    num_outliers: int
+    median_rel_error: float = 0.0
+    p90_rel_error: float = 0.0
+    num_steps: int = 0
+    num_outliers: int = 0
+
+    def predict(self, features: np.ndarray, bandwidth: float, matmul: float, combine: str) -> np.ndarray:
+        seqs, moved, mm, att = features
+        mem = moved / (bandwidth * self.bandwidth_fraction)
+        compute = mm / (matmul * self.matmul_fraction) + att / (matmul * self.attention_fraction)
+        body = mem + compute if combine == "sum" else np.maximum(mem, compute)
+        return self.step_overhead_s + self.per_seq_overhead_s * seqs + body
 
 
-def profile_features(profile: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(bytes, FLOPs, num_seqs, seconds) per recorded step, for the profiled model and dtype."""
+def profile_features(profile: dict) -> tuple[np.ndarray, np.ndarray]:
+    """([num_seqs, bytes, matmul FLOPs, attention FLOPs] per step, seconds per step)."""
     shape = StepShape.from_arch(ModelArch.from_dict(profile["model_config"]), profile["dtype"])
     totals = np.array([item_totals(step["items"]) for step in profile["steps"]], dtype=float)
-    moved, flops = shape.bytes_and_flops(totals[:, 1], totals[:, 2], totals[:, 3], totals[:, 4])
+    moved, mm, att = shape.bytes_and_flops(totals[:, 1], totals[:, 2], totals[:, 3], totals[:, 4])
     seconds = np.array([step["seconds"] for step in profile["steps"]])
-    return moved, flops, totals[:, 0], seconds
+    return np.stack([totals[:, 0], moved, mm, att]), seconds
 
 
-def fit_steps(moved, flops, num_seqs, seconds, bandwidth: float, matmul_flops: float) -> StepFit:
-    """Best fit over the grid; `bandwidth` and `matmul_flops` are the peaks the fractions scale."""
-    keep = np.ones(len(seconds), dtype=bool)
-    best = _search(moved, flops, num_seqs, seconds, bandwidth, matmul_flops, keep)
-    rel = _rel_errors(best, moved, flops, num_seqs, seconds, bandwidth, matmul_flops)
-    mad = np.median(np.abs(rel - np.median(rel)))
-    keep = np.abs(rel - np.median(rel)) <= 3 * max(mad, 1e-3)
-    best = _search(moved, flops, num_seqs, seconds, bandwidth, matmul_flops, keep)
-    rel = np.abs(_rel_errors(best, moved, flops, num_seqs, seconds, bandwidth, matmul_flops))[keep]
-    return dataclasses.replace(best, median_rel_error=float(np.median(rel)),
-                               p90_rel_error=float(np.percentile(rel, 90)), num_steps=int(keep.sum()),
-                               num_outliers=int((~keep).sum()))
+def fit_steps(features: np.ndarray, seconds: np.ndarray, bandwidth: float, matmul: float, combine: str) -> StepFit:
+    """Best fit; `bandwidth` and `matmul` are the peaks (bytes/s, FLOP/s) the fractions scale."""
+    solve = _fit_sum if combine == "sum" else _fit_max
+    fit = solve(features, seconds, bandwidth, matmul)
+    rel = fit.predict(features, bandwidth, matmul, combine) / seconds - 1.0
+    dev = np.abs(rel - np.median(rel))
+    keep = dev <= 3 * max(float(np.median(dev)), 1e-3)
+    fit = solve(features[:, keep], seconds[keep], bandwidth, matmul)
+    rel = np.abs(fit.predict(features, bandwidth, matmul, combine) / seconds - 1.0)[keep]
+    return dataclasses.replace(fit, median_rel_error=float(np.median(rel)), p90_rel_error=float(np.percentile(rel, 90)),
+                               num_steps=int(keep.sum()), num_outliers=int((~keep).sum()))
 
 
-def _search(moved, flops, num_seqs, seconds, bandwidth, matmul_flops, keep) -> StepFit:
-    m, f, s, t = moved[keep], flops[keep], num_seqs[keep], seconds[keep]
+def _fit_sum(features, seconds, bandwidth, matmul) -> StepFit:
+    scale = np.array([1.0, 1.0 / bandwidth, 1.0 / matmul, 1.0 / matmul])
+    coef = _nnls(features.T * scale / seconds[:, None], np.ones_like(seconds))
+    inv = np.maximum(coef[1:], 1e-12)  # a zero coefficient: that term never mattered, any rate fits
+    return StepFit(float(1 / inv[0]), float(1 / inv[1]), float(1 / inv[2]), 0.0, float(coef[0]))
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (drop the most negative, re-solve; a few columns only)."""
+    active = list(range(a.shape[1]))
+    while True:
+        coef = np.zeros(a.shape[1])
+        coef[active], *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
+        if coef.min() >= 0:
+            return coef
+        active.remove(int(np.argmin(coef)))
+
+
+def _fit_max(features, seconds, bandwidth, matmul) -> StepFit:
+    seqs = features[0]
     best, best_err = None, np.inf
-    for combine in ("max", "sum"):
-        for fb in _GRID:
-            mem = m / (bandwidth * fb)
-            for ff in _GRID:
-                compute = f / (matmul_flops * ff)
-                body = np.maximum(mem, compute) if combine == "max" else mem + compute
-                a, b = _overheads(t - body, s, t)
-                err = np.median(np.abs(body + a + b * s - t) / t)
-                if err < best_err:
-                    best_err = err
-                    best = StepFit(float(fb), float(ff), a, b, combine, float(err), 0.0, len(t), 0)
+    for fb in _GRID:
+        for ff in _GRID:
+            trial = StepFit(float(fb), float(ff), float(ff), 0.0, 0.0)
+            body = trial.predict(features, bandwidth, matmul, "max")
+            a, b = _overheads(seconds - body, seqs, seconds)
+            err = np.median(np.abs(body + a + b * seqs - seconds) / seconds)
+            if err < best_err:
+                best, best_err = dataclasses.replace(trial, step_overhead_s=a, per_seq_overhead_s=b), err
     return best
 
 
 def _overheads(residual, num_seqs, seconds) -> tuple[float, float]:
     """Non-negative (a, b) minimising sum(((a + b*num_seqs - residual) / seconds)^2)."""
     w = 1.0 / seconds
-    design = np.stack([w, w * num_seqs], axis=1)
-    (a, b), *_ = np.linalg.lstsq(design, residual * w, rcond=None)
-    w2 = w * w
-    if a < 0:  # pin the negative term at zero and refit the other alone
-        a, b = 0.0, max(0.0, float(np.sum(w2 * num_seqs * residual) / np.sum(w2 * num_seqs**2)))
-    elif b < 0:
-        a, b = max(0.0, float(np.sum(w2 * residual) / np.sum(w2))), 0.0
+    a, b = _nnls(np.stack([w, w * num_seqs], axis=1), residual * w)
     return float(a), float(b)
 
 
-def _rel_errors(fit: StepFit, moved, flops, num_seqs, seconds, bandwidth, matmul_flops) -> np.ndarray:
-    mem = moved / (bandwidth * fit.bandwidth_fraction)
-    compute = flops / (matmul_flops * fit.matmul_fraction)
-    body = np.maximum(mem, compute) if fit.combine == "max" else mem + compute
-    return (body + fit.step_overhead_s + fit.per_seq_overhead_s * num_seqs - seconds) / seconds
-
-
-@lru_cache(maxsize=None)
+@cache
 def _load(path: str) -> dict:
     return json.loads(Path(path).read_text())
 
 
 def calibrated(hardware: HardwareProfile, path: Path) -> HardwareProfile:
-    """`hardware` with fractions, overheads and combine rule fitted to the step profile at `path`.
+    """`hardware` with fractions and overheads fitted to the step profile at `path` (its combine rule).
 
     A CPU profile also takes its peaks from the profile's measured ceilings (a CPU has no datasheet
     figure for what one process can reach); a GPU keeps its datasheet peaks.
@@ -113,11 +128,11 @@ def calibrated(hardware: HardwareProfile, path: Path) -> HardwareProfile:
     if hardware.kind == "cpu":
         bandwidth = profile["ceilings"]["copy_bytes_per_s"]
         matmul = profile["ceilings"]["matmul_flops_per_s"]
-    fit = fit_steps(*profile_features(profile), bandwidth, matmul)
+    fit = fit_steps(*profile_features(profile), bandwidth, matmul, hardware.combine)
     return dataclasses.replace(
         hardware, memory_bandwidth=bandwidth, matmul_flops=matmul, bandwidth_fraction=fit.bandwidth_fraction,
-        matmul_fraction=fit.matmul_fraction, step_overhead_s=fit.step_overhead_s,
-        per_seq_overhead_s=fit.per_seq_overhead_s, combine=fit.combine,
+        matmul_fraction=fit.matmul_fraction, attention_fraction=fit.attention_fraction,
+        step_overhead_s=fit.step_overhead_s, per_seq_overhead_s=fit.per_seq_overhead_s,
         fraction_source=f"fitted to {path.name} ({fit.num_steps} steps, {profile['model']}, {profile['dtype']})",
         overhead_source=f"fitted to {path.name}",
         calibration_error={"median_rel_error": fit.median_rel_error, "p90_rel_error": fit.p90_rel_error,

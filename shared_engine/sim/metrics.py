@@ -32,6 +32,8 @@ class SimMetrics:
     kv_usage_time: float = 0.0  # integral of usage over busy time
     kv_usage_max: float = 0.0
     num_preemptions: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up at admission (re-admissions after preemption too)
+    prefix_cache_hits: int = 0
     num_replicas: int = 1
     num_blocks: int = 0
 
@@ -42,6 +44,11 @@ class SimMetrics:
         if kv_usage > self.kv_usage_max:
             self.kv_usage_max = kv_usage
         self.num_preemptions += num_preempted
+
+    def on_end(self, scheduler) -> None:
+        """Take the scheduler's prefix cache counters (`vllm:prefix_cache_queries_total` / `_hits_total`)."""
+        self.prefix_cache_queries += getattr(scheduler, "prefix_cache_queries", 0)
+        self.prefix_cache_hits += getattr(scheduler, "prefix_cache_hits", 0)
 
     def on_finish(self, request) -> None:
         self.arrival.append(request.arrival_time)
@@ -62,6 +69,8 @@ class SimMetrics:
         self.kv_usage_time += other.kv_usage_time
         self.kv_usage_max = max(self.kv_usage_max, other.kv_usage_max)
         self.num_preemptions += other.num_preemptions
+        self.prefix_cache_queries += other.prefix_cache_queries
+        self.prefix_cache_hits += other.prefix_cache_hits
         return self
 
     def summary(self) -> dict:
@@ -91,8 +100,9 @@ class SimMetrics:
         capacity = self.busy_s if self.busy_s else 1.0
         out.update({
             "num_preemptions": self.num_preemptions,
-            "prefix_cache_queries": int(n_in.sum()), "prefix_cache_hits": cached,
-            "prefix_cache_hit_rate": cached / n_in.sum() if n else 0.0,
+            "prefix_cache_queries": self.prefix_cache_queries, "prefix_cache_hits": self.prefix_cache_hits,
+            "prefix_cache_hit_rate": self.prefix_cache_hits / max(1, self.prefix_cache_queries),
+            "prompt_tokens_cached_share": cached / n_in.sum() if n else 0.0,
             "kv_cache_usage_mean": self.kv_usage_time / capacity,
             "kv_cache_usage_max": self.kv_usage_max,
             "num_steps": self.num_steps, "busy_s": self.busy_s, "num_replicas": self.num_replicas,

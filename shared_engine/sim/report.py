@@ -58,7 +58,8 @@ def section_text(title: str, section: dict) -> str:
     for label, key in _LATENCIES:
         lines.append(f"{'-' * 14}{label}{'-' * 14}")
         for stat in ("mean", "median", "p99"):
-            lines.append(f"{stat.capitalize() + ' ' + key.upper() + ' (ms)':<40}{_fmt('{:,.2f}', s[f'{stat}_{key}_ms'])}")
+            name = f"{stat.capitalize()} {key.upper()} (ms)"
+            lines.append(f"{name:<40}{_fmt('{:,.2f}', s[f'{stat}_{key}_ms'])}")
     lines.append(f"{'-' * 14}Engine{'-' * 14}")
     for label, key, fmt in _ENGINE_ROWS:
         if key is None:
@@ -72,7 +73,7 @@ def section_text(title: str, section: dict) -> str:
     slo = section.get("fewest_replicas_for_slo")
     if slo is not None:
         replicas = "not met up to the search limit" if slo["replicas"] is None else f"{slo['replicas']}"
-        lines.append(f"{'Fewest replicas meeting ' + _slo_text(slo['slo']):<40}{replicas}")
+        lines.append(f"Fewest replicas meeting {_slo_text(slo['slo'])}: {replicas}")
     return "\n".join(lines)
 
 

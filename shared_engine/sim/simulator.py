@@ -75,8 +75,10 @@ class Simulator:
         return int(budget)
 
     def new_scheduler(self) -> Scheduler:
-        """Built exactly as `LLMEngine.__init__` builds it."""
-        block_manager = BlockManager(self.num_blocks, self.config.cache.block_size)
+        """Built exactly as `LLMEngine.__init__` builds it (prefix caching and eviction policy included)."""
+        cache = self.config.cache
+        block_manager = BlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching,
+                                     cache.prefix_cache_eviction, cache.prefix_caching_hash_algo)
         return Scheduler(self.config.scheduler, block_manager, self.max_model_len)
 
     def run(self, workload, metrics: SimMetrics | None = None,
@@ -88,7 +90,7 @@ class Simulator:
         """
         metrics = metrics or SimMetrics(num_blocks=self.num_blocks)
         scheduler = self.new_scheduler()
-        usage = scheduler.block_manager
+        block_manager = scheduler.block_manager
         seconds = self.step_model.seconds_from_totals
         specs: dict[str, RequestSpec] = {}
         itl = metrics.itl
@@ -101,6 +103,7 @@ class Simulator:
             if not scheduler.has_unfinished_requests():
                 upcoming = workload.peek_time()
                 if upcoming == math.inf:
+                    metrics.on_end(scheduler)
                     return metrics
                 now = max(now, upcoming)
                 continue
@@ -127,7 +130,7 @@ class Simulator:
                 if item.needs_sample and request.last_token_time is not None:
                     itl.append(now - request.last_token_time)
             updated = scheduler.update_from_output(out, sampled, now)
-            metrics.on_step(step_s, 1.0 - usage.num_free_blocks / usage.num_blocks, len(out.preempted_request_ids))
+            metrics.on_step(step_s, block_manager.usage, len(out.preempted_request_ids))
             if on_step is not None:
                 on_step(out, now)
             for request in updated:

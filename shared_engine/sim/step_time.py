@@ -9,7 +9,11 @@ For a step whose scheduled requests each compute `n` new tokens at positions `[s
            + 2 * vocab * hidden * num_sampled          (LM head, only for tokens that sample)
            + 4 * layers * heads * head_dim * sum(n*s + n(n+1)/2)   (QK^T and PV, causal in the chunk)
     time   = step_overhead + per_seq_overhead * num_seqs
-           + combine(bytes / achieved bandwidth, FLOPs / achieved matmul rate)
+           + combine(bytes / achieved bandwidth,
+                     matmul FLOPs / achieved matmul rate + attention FLOPs / achieved attention rate)
+
+The attention rate is the matmul peak times its own achieved fraction (on a GPU the same as the matmuls'
+unless a profile says otherwise; on the CPU the masked SDPA path runs far below the matmul rate).
 
 The roofline is Williams, Waterman & Patterson, "Roofline" (CACM 2009); the per-token FLOP count is the
 2N rule of Kaplan et al. 2020 ("Scaling Laws", table 1) split into body and head; KV bytes per token come
@@ -51,11 +55,10 @@ class StepShape:
         )
 
     def bytes_and_flops(self, num_tokens: float, num_sampled: float, ctx_tokens: float, attn_pairs: float):
-        """(bytes moved, FLOPs) for a step with these totals (scalars or numpy arrays)."""
+        """(bytes moved, matmul FLOPs, attention FLOPs) for a step with these totals (scalars or arrays)."""
         moved = self.weight_bytes + self.kv_bytes_per_token * (ctx_tokens + num_tokens)
-        flops = (self.body_flops_per_token * num_tokens + self.head_flops_per_sample * num_sampled
-                 + self.attn_flops_per_pair * attn_pairs)
-        return moved, flops
+        matmul = self.body_flops_per_token * num_tokens + self.head_flops_per_sample * num_sampled
+        return moved, matmul, self.attn_flops_per_pair * attn_pairs
 
 
 def item_totals(items) -> tuple[int, int, int, int, int]:
@@ -77,11 +80,12 @@ class StepTimeModel:
         self.hardware = hardware
         self._inv_bw = 1.0 / hardware.achieved_bandwidth
         self._inv_flops = 1.0 / hardware.achieved_matmul_flops
+        self._inv_attn = 1.0 / hardware.achieved_attention_flops
         self._use_max = hardware.combine == "max"
 
     def seconds_from_totals(self, num_seqs, num_tokens, num_sampled, ctx_tokens, attn_pairs) -> float:
-        moved, flops = self.shape.bytes_and_flops(num_tokens, num_sampled, ctx_tokens, attn_pairs)
-        mem, compute = moved * self._inv_bw, flops * self._inv_flops
+        moved, matmul, attn = self.shape.bytes_and_flops(num_tokens, num_sampled, ctx_tokens, attn_pairs)
+        mem, compute = moved * self._inv_bw, matmul * self._inv_flops + attn * self._inv_attn
         body = max(mem, compute) if self._use_max else mem + compute
         hw = self.hardware
         return hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs + body

@@ -49,7 +49,7 @@ class TraceWorkload:
     """A fixed list of requests (tests, replays). Same interface as `WorkloadGenerator`."""
 
     def __init__(self, requests: list[RequestSpec]) -> None:
-        self._pending = sorted(requests, key=lambda r: r.arrival_time, reverse=True)
+        self._pending = sorted(requests, key=lambda r: r.arrival_time)[::-1]  # ties keep the list's order
 
     def peek_time(self) -> float:
         return self._pending[-1].arrival_time if self._pending else math.inf
