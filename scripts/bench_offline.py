@@ -1,12 +1,18 @@
-"""Offline throughput: our engine vs transformers' `generate` on the same model, machine and workload.
+"""Offline throughput: our engine vs transformers on the same model, machine and workload, in one run.
 
 Workload (nano-vllm's shape): N requests of random token ids, input lengths uniform in
 [--input-len-min, --input-len-max], output lengths uniform in [--output-len-min, --output-len-max],
-ignore_eos so every request produces exactly its output length. Both engines are credited with the same
-useful output tokens (the requested lengths); transformers runs padded batches of --hf-batch-size in request
-order (left padding, each batch decoding until its longest request), as a plain `generate` user would.
+ignore_eos so every request produces exactly its output length. Both engines are credited with the useful
+output tokens they produce. transformers runs either `generate` on padded batches of --hf-batch-size in
+request order (left padding, each batch decoding until its longest request), as a plain user would, or
+its continuous batching `generate_batch` (--hf-mode generate_batch, attention "paged|sdpa"), optionally
+on the first --hf-num-requests requests only. On CUDA, --roofline measures the device's copy bandwidth and
+matmul rate and states the workload's physical bound (benchmarks/roofline.py).
 
     python scripts/bench_offline.py --out benchmarks/results/offline_cpu_smollm2.json
+    python scripts/bench_offline.py --model llama-3.1-8b --load-format dummy --num-requests 1000 \\
+        --input-len-min 1000 --input-len-max 1000 --output-len-min 1000 --output-len-max 1000 \\
+        --max-model-len 2048 --max-num-seqs 512 --hf-mode generate_batch --hf-num-requests 64 --roofline --out X.json
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,54 +40,107 @@ def workload(args) -> tuple[list[list[int]], list[int]]:
     return prompts, outputs
 
 
-def run_ours(args, prompts, out_lens) -> dict:
+def run_ours(args, prompts, out_lens) -> tuple[dict, object]:
     from shared_engine import LLM, SamplingParams
 
     chosen = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
               "max_model_len": args.max_model_len, "dtype": args.dtype, "load_format": args.load_format,
-              "kv_cache_memory": args.kv_cache_memory}
-    settings = {k: v for k, v in chosen.items() if v is not None}
-    llm = LLM(args.model, **settings)
+              "kv_cache_memory": args.kv_cache_memory, "gpu_memory_utilization": args.gpu_memory_utilization,
+              "enforce_eager": args.enforce_eager or None, "device": args.device}
+    llm = LLM(args.model, **{k: v for k, v in chosen.items() if v is not None})
+    engine = llm.engine
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
     llm.generate([[5] * 16], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
+    step_s0, gpu_s0, steps0 = engine.stats.step_seconds_total, engine.runner.gpu_span_seconds, engine.stats.num_steps
     started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - started
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert generated == sum(out_lens), "every request must produce exactly its output length"
-    engine = llm.engine
-    return {"elapsed_s": elapsed, "output_tokens": generated, "output_throughput": generated / elapsed,
-            "num_preemptions": engine.scheduler.num_preemptions_total, "num_steps": engine.stats.num_steps,
-            "engine_config": engine.config.to_flat(), "model": engine.source.name}
+    step_s = engine.stats.step_seconds_total - step_s0
+    gpu_s = engine.runner.gpu_span_seconds - gpu_s0
+    tpots = [(o.metrics.last_token_time - o.metrics.first_token_time) / (len(o.outputs[0].token_ids) - 1)
+             for o in outputs if len(o.outputs[0].token_ids) > 1]
+    result = {"elapsed_s": elapsed, "output_tokens": generated, "output_throughput": generated / elapsed,
+              "total_token_throughput": (generated + sum(map(len, prompts))) / elapsed,
+              "median_ttft_ms": 1e3 * statistics.median(o.metrics.ttft for o in outputs),
+              "median_tpot_ms": 1e3 * statistics.median(tpots) if tpots else None,
+              "num_preemptions": engine.scheduler.num_preemptions_total,
+              "num_steps": engine.stats.num_steps - steps0, "step_seconds": step_s,
+              "kv_pool_tokens": engine.block_manager.num_blocks * engine.block_manager.block_size,
+              "cold_start_s": {"weights": engine.runner.load_seconds, "compile": engine.runner.compile_seconds,
+                               "cuda_graph_capture": engine.runner.capture_seconds},
+              "engine_config": engine.config.to_flat(), "model": engine.source.name}
+    if gpu_s:
+        # device span per step (first kernel → sampled ids on the host) vs the whole step on the host clock
+        result["gpu_span_seconds"] = gpu_s
+        result["share_of_step_time_outside_gpu"] = max(0.0, 1 - gpu_s / step_s)
+    return result, llm
 
 
-def run_transformers(args, prompts, out_lens, model_dir) -> dict:
+def hf_model(args, source):
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: torch.float32}[args.dtype]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-    pad = 0
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+        args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    attn = {"generate_batch": "paged|sdpa"}.get(args.hf_mode, "sdpa")
+    device = args.device or "cpu"
+    if source.path is None:  # a shape preset: random weights of the real shapes, built on the device
+        config = AutoConfig.for_model(**{k: v for k, v in source.config.items() if k != "architectures"})
+        with torch.device(device):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn).eval()
+    return AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, attn_implementation=attn).to(device).eval()
+
+
+def run_transformers(args, prompts, out_lens, source) -> dict:
+    import torch
+
+    model = hf_model(args, source)
+    count = args.hf_num_requests or len(prompts)
+    prompts, out_lens = prompts[:count], out_lens[:count]
     started = time.perf_counter()
-    for i in range(0, len(prompts), args.hf_batch_size):
-        batch, lens = prompts[i : i + args.hf_batch_size], out_lens[i : i + args.hf_batch_size]
-        width = max(map(len, batch))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-        with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(lens), min_new_tokens=max(lens),
-                           do_sample=False, pad_token_id=pad)
+    if args.hf_mode == "generate_batch":
+        from transformers.generation import GenerationConfig
+
+        config = GenerationConfig(max_new_tokens=max(out_lens), do_sample=False, eos_token_id=None, pad_token_id=0)
+        results = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+        useful = sum(min(len(r.generated_tokens), n) for r, n in zip(results.values(), out_lens))
+    else:
+        for i in range(0, len(prompts), args.hf_batch_size):
+            batch, lens = prompts[i : i + args.hf_batch_size], out_lens[i : i + args.hf_batch_size]
+            width = max(map(len, batch))
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=model.device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=model.device)
+            with torch.no_grad():
+                model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(lens),
+                               min_new_tokens=max(lens), do_sample=False, pad_token_id=0)
+        useful = sum(out_lens)
     elapsed = time.perf_counter() - started
-    useful = sum(out_lens)
-    return {"elapsed_s": elapsed, "output_tokens": useful, "output_throughput": useful / elapsed,
-            "batch_size": args.hf_batch_size, "attn_implementation": model.config._attn_implementation}
+    return {"mode": args.hf_mode, "num_requests": count, "elapsed_s": elapsed, "output_tokens": useful,
+            "output_throughput": useful / elapsed, "batch_size": args.hf_batch_size,
+            "attn_implementation": model.config._attn_implementation}
 
 
-def main() -> None:
+def roofline(args, llm, prompts, out_lens) -> dict:
+    from benchmarks.roofline import measure_device_ceilings, offline_roofline
+
+    engine = llm.engine
+    ceilings = measure_device_ceilings()
+    bound = offline_roofline(engine.source.arch, engine.runner.dtype_name, len(prompts),
+                             statistics.mean(map(len, prompts)), statistics.mean(out_lens),
+                             engine.block_manager.num_blocks * engine.block_manager.block_size,
+                             engine.config.scheduler.max_num_seqs, ceilings["copy_bandwidth_bytes_per_s"],
+                             ceilings["matmul_bf16_flops_per_s"])
+    return {**ceilings, **bound}
+
+
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="model directory or preset (default: the embedded model)")
     p.add_argument("--load-format", default=None)
     p.add_argument("--dtype", default=None)
+    p.add_argument("--device", default=None)
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--input-len-min", type=int, default=32)
     p.add_argument("--input-len-max", type=int, default=512)
@@ -90,31 +150,53 @@ def main() -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--kv-cache-memory", type=int, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--hf-mode", choices=["generate", "generate_batch", "none"], default="generate")
     p.add_argument("--hf-batch-size", type=int, default=16)
-    p.add_argument("--skip-hf", action="store_true", help="only our engine")
+    p.add_argument("--hf-num-requests", type=int, default=None, help="run transformers on the first K only")
+    p.add_argument("--roofline", action="store_true", help="CUDA: measure ceilings and state the bound")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True, help="results JSON path")
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def main() -> None:
+    args = parse_args()
     prompts, out_lens = workload(args)
-    results = {"benchmark": "offline_throughput", **environment(),
+    results = {"benchmark": "offline_throughput", **environment(), "command": " ".join(sys.argv),
                "workload": {k: getattr(args, k) for k in ("num_requests", "input_len_min", "input_len_max",
-                                                           "output_len_min", "output_len_max", "seed")},
-               "command": " ".join(sys.argv)}
-    results["ours"] = run_ours(args, prompts, out_lens)
-    print(f"ours:         {results['ours']['output_throughput']:8.1f} output tokens/s "
-          f"({results['ours']['elapsed_s']:.1f} s)", flush=True)
-    if not args.skip_hf:
+                                                           "output_len_min", "output_len_max", "seed")}}
+    results["ours"], llm = run_ours(args, prompts, out_lens)
+    ours = results["ours"]["output_throughput"]
+    print(f"ours:         {ours:9.1f} output tokens/s ({results['ours']['elapsed_s']:.1f} s)", flush=True)
+    if args.roofline:
+        results["roofline"] = rl = roofline(args, llm, prompts, out_lens)
+        results["fraction_of_roofline"] = ours / rl["output_tokens_per_s_bound"]
+        print(f"roofline:     {rl['output_tokens_per_s_bound']:9.1f} output tokens/s ({rl['bound']}-bound); "
+              f"ours = {100 * results['fraction_of_roofline']:.1f}%", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))  # keep our figures even if the baseline fails
+    if args.hf_mode != "none":
+        import gc
+
+        import torch
+
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         from shared_engine.model_loader.model_source import resolve_model
 
         source = resolve_model(args.model, args.load_format or "auto")
-        results["transformers"] = run_transformers(args, prompts, out_lens, source.path)
-        ours, hf = results["ours"]["output_throughput"], results["transformers"]["output_throughput"]
-        results["speedup_vs_transformers"] = ours / hf
-        print(f"transformers: {results['transformers']['output_throughput']:8.1f} output tokens/s "
-              f"({results['transformers']['elapsed_s']:.1f} s)")
-        print(f"speed-up: {results['speedup_vs_transformers']:.2f}x")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            results["transformers"] = hf = run_transformers(args, prompts, out_lens, source)
+            results["speedup_vs_transformers"] = ours / hf["output_throughput"]
+            print(f"transformers: {hf['output_throughput']:9.1f} output tokens/s ({hf['elapsed_s']:.1f} s, "
+                  f"{hf['mode']}, {hf['num_requests']} requests)\nspeed-up: {results['speedup_vs_transformers']:.2f}x")
+        except Exception as exc:  # record why the baseline failed instead of losing the run
+            results["transformers"] = {"mode": args.hf_mode, "error": f"{type(exc).__name__}: {exc}"}
+            print(f"transformers failed: {exc}")
     args.out.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.out}")
 

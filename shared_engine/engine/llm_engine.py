@@ -108,10 +108,10 @@ class LLMEngine:
     # ---- one step ------------------------------------------------------------------------------------
     def step(self) -> list:
         """Schedule, run the model once, sample, and return the `RequestOutput`s that changed."""
+        started = time.perf_counter()
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
-        started = time.perf_counter()
         result = self.runner.execute(out)
         now = time.time()
         tokens = {rid: r.token_id for rid, r in result.sampled.items()}
@@ -125,5 +125,6 @@ class LLMEngine:
                 self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, now)
             if request.is_finished:
                 self.runner.release(request.request_id)
+        outputs = self.outputs.collect(updated)
         self.stats.on_step(out, len(updated), time.perf_counter() - started, self.scheduler, self.block_manager)
-        return self.outputs.collect(updated)
+        return outputs

@@ -46,6 +46,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.graph_runner: CudaGraphRunner | None = None
         self.compile_seconds = 0.0  # first forward pass (Triton JIT) during profiling
+        self.gpu_span_seconds = 0.0  # CUDA: device time from the first kernel of a step to its sampled ids
         self.capture_seconds = 0.0
 
     def _load(self, source: ModelSource) -> torch.nn.Module:
@@ -121,7 +122,12 @@ class ModelRunner:
     # ---- one step ------------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
+        timing = self.device.type == "cuda"
+        if timing:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         inputs = build_inputs(out, self.block_size, self.device)
+        if timing:
+            start.record()
         if self.graph_runner is not None and self.graph_runner.can_run(inputs.meta, inputs.input_ids.shape[0]):
             hidden = self.graph_runner.run(inputs.input_ids, inputs.positions, inputs.meta)
         else:
@@ -133,6 +139,10 @@ class ModelRunner:
             requests = [out.scheduled[row].request for row in inputs.sampled_rows]
             for request, result in zip(requests, self.sampler(logits, requests)):
                 sampled[request.request_id] = result
+        if timing:
+            end.record()
+            end.synchronize()
+            self.gpu_span_seconds += start.elapsed_time(end) / 1e3
         return StepResult(sampled, prompt_logprobs)
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, inputs) -> dict[str, list]:
