@@ -75,7 +75,8 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
 
     @app.get("/v1/models", response_model=ModelList, responses=error_responses(401), summary="List models")
     async def list_models():
-        card = ModelCard(id=model_name, root=engine.source.name, max_model_len=engine.max_model_len)
+        card = ModelCard(id=model_name, root=engine.source.name, max_model_len=engine.max_model_len,
+                         vocab_size=engine.source.arch.vocab_size)
         return ModelList(data=[card])
 
     @app.get("/health", responses={200: {"content": {"application/json": {}}}, **error_responses(503)},

@@ -213,6 +213,7 @@ class ModelCard(BaseModel):
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None
+    vocab_size: int | None = None
 
 
 class ModelList(BaseModel):

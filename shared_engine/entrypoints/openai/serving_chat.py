@@ -24,7 +24,7 @@ from shared_engine.entrypoints.openai.protocol import (
     ResponseMessage,
 )
 from shared_engine.entrypoints.openai.serving_base import ServingContext, event_stream, new_id, usage
-from shared_engine.entrypoints.openai.streaming import DONE, ChoiceCursor, sse
+from shared_engine.entrypoints.openai.streaming import DONE, ChoiceCursor, sse, visible_text
 from shared_engine.outputs import CompletionOutput
 
 
@@ -66,7 +66,7 @@ class ServingChat:
             (out,) = await run.results(request)
         except ClientDisconnected:
             return Response(status_code=499)
-        choices = [ChatChoice(index=c.index, message=ResponseMessage(content=c.text),
+        choices = [ChatChoice(index=c.index, message=ResponseMessage(content=visible_text(c)),
                               logprobs=self._logprobs(c, k, 0, len(c.token_ids)),
                               finish_reason=c.finish_reason, stop_reason=c.stop_reason) for c in out.outputs]
         body = ChatCompletionResponse(id=run.request_ids[0].rsplit("-", 1)[0], model=ctx.model_name,

@@ -16,7 +16,7 @@ from shared_engine.entrypoints.openai.generation_run import ClientDisconnected, 
 from shared_engine.entrypoints.openai.logprobs import completion_logprobs
 from shared_engine.entrypoints.openai.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from shared_engine.entrypoints.openai.serving_base import ServingContext, event_stream, new_id, usage
-from shared_engine.entrypoints.openai.streaming import DONE, ChoiceCursor, sse
+from shared_engine.entrypoints.openai.streaming import DONE, ChoiceCursor, sse, visible_text
 from shared_engine.outputs import CompletionOutput, RequestOutput
 
 
@@ -81,7 +81,7 @@ class ServingCompletions:
         start, end = token_range or (0, len(c.token_ids))
         if scoring:
             start = end = 0
-        text = ("" if scoring else c.text) if text is None else ("" if scoring else text)
+        text = ("" if scoring else visible_text(c)) if text is None else ("" if scoring else text)
         ids = list(c.token_ids[start:end])
         entries = list((c.logprobs or [])[start:end])
         if echo:

@@ -4,6 +4,9 @@ A `ChoiceCursor` turns the engine's cumulative `CompletionOutput`s into deltas. 
 sends only `stream_safe_len` characters (the detokenizer holds back a tail that may become a stop
 string, and never ends on half a UTF-8 character); when the choice finishes, in any way, the rest is
 flushed. Joined deltas therefore equal the final text, which is the non-streamed text.
+
+`visible_text` drops a trailing incomplete UTF-8 character (U+FFFD from the detokenizer's flush when a
+length finish cuts a multi-byte character): half a character is never sent.
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ SSE_MEDIA_TYPE = "text/event-stream"
 def sse(payload: BaseModel | dict) -> str:
     body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
     return f"data: {json.dumps(body, ensure_ascii=False, allow_nan=False)}\n\n"
+
+
+def visible_text(choice: CompletionOutput) -> str:
+    if choice.finish_reason is not None and choice.text.endswith("\ufffd"):
+        return choice.text.rstrip("\ufffd")
+    return choice.text
 
 
 @dataclass
@@ -43,10 +52,11 @@ class ChoiceCursor:
         if self.finished:
             return None
         done = choice.finish_reason is not None
-        limit = len(choice.text)
+        full = visible_text(choice)
+        limit = len(full)
         if not done and choice.stream_safe_len is not None:
             limit = min(limit, choice.stream_safe_len)
-        text = choice.text[self.sent_chars : limit] if limit > self.sent_chars else ""
+        text = full[self.sent_chars : limit] if limit > self.sent_chars else ""
         start, end = self.sent_tokens, len(choice.token_ids)
         if not text and not done:
             return None  # tokens without sendable text wait for the next delta (with their logprobs)

@@ -1,0 +1,140 @@
+"""The app in-process on a tiny dummy-weight model (token-id prompts): engine failure (500 + unhealthy),
+overload (503 + Retry-After), API key (401), body limit (413), metrics names and /openapi.json."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from shared_engine.config import EngineConfig
+from shared_engine.engine.llm_engine import LLMEngine
+from shared_engine.entrypoints.openai.api_server import create_app
+from shared_engine.entrypoints.openai.server_config import ServerConfig
+
+PROMPT = [5, 6, 7, 8]
+
+
+def _engine(tiny_model_dir, **settings) -> LLMEngine:
+    return LLMEngine(EngineConfig.from_flat(model=str(tiny_model_dir), load_format="dummy", device="cpu",
+                                            num_gpu_blocks_override=64, **settings))
+
+
+def _run(app, scenario):
+    async def main():
+        app.state.ctx.async_engine.start(asyncio.get_running_loop())
+        try:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as client:
+                return await scenario(client)
+        finally:
+            app.state.ctx.async_engine.shutdown()
+
+    return asyncio.run(main())
+
+
+def test_engine_failure_fails_requests_and_health(tiny_model_dir):
+    engine = _engine(tiny_model_dir)
+    app = create_app(engine)
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("injected device fault")
+
+    async def scenario(client):
+        assert (await client.get("/health")).status_code == 200
+        engine.runner.execute = broken
+        r = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
+        assert r.status_code == 500 and r.json()["error"]["code"] == 500
+        health = await client.get("/health")
+        assert health.status_code == 503 and "error" in health.json()
+        again = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
+        assert again.status_code == 503
+
+    _run(app, scenario)
+
+
+def test_overload_is_503_with_retry_after(tiny_model_dir):
+    app = create_app(_engine(tiny_model_dir, max_num_seqs=1, max_waiting_requests=1))
+
+    async def scenario(client):
+        body = {"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True}
+        first = asyncio.ensure_future(client.post("/v1/completions", json=body))
+        second = asyncio.ensure_future(client.post("/v1/completions", json=body))
+        await asyncio.sleep(0.3)
+        third = await client.post("/v1/completions", json={**body, "max_tokens": 1})
+        assert third.status_code == 503, third.text
+        assert third.headers["retry-after"] and third.json()["error"]["code"] == 503
+        assert (await first).status_code == 200 and (await second).status_code == 200
+
+    _run(app, scenario)
+
+
+def test_api_key_and_body_limit(tiny_model_dir):
+    app = create_app(_engine(tiny_model_dir), ServerConfig(api_key="sekret", max_request_body_bytes=1000))
+
+    async def scenario(client):
+        assert (await client.get("/v1/models")).status_code == 401
+        wrong = await client.get("/v1/models", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == 401
+        auth = {"Authorization": "Bearer sekret"}
+        assert (await client.get("/v1/models", headers=auth)).status_code == 200
+        assert (await client.get("/health")).status_code == 200
+        assert (await client.get("/metrics")).status_code == 200
+        big = await client.post("/v1/completions", headers=auth, json={"prompt": list(range(1, 600))})
+        assert big.status_code == 413 and big.json()["error"]["code"] == 413
+
+    _run(app, scenario)
+
+
+def test_metrics_names_and_labels(tiny_model_dir):
+    app = create_app(_engine(tiny_model_dir, served_model_name="tiny"))
+
+    async def scenario(client):
+        r = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "model": "tiny"})
+        assert r.status_code == 200 and r.json()["model"] == "tiny"
+        return (await client.get("/metrics")).text
+
+    text = _run(app, scenario)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                 "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"):
+        assert f'{name}{{model_name="tiny"}}' in text, name
+    assert 'vllm:request_success_total{finished_reason="length",model_name="tiny"} 1.0' in text
+    assert 'vllm:generation_tokens_total{model_name="tiny"} 3.0' in text
+    assert 'vllm:time_to_first_token_seconds_bucket{le="2560.0",model_name="tiny"} 1.0' in text
+    assert 'vllm:inter_token_latency_seconds_bucket{le="0.01",model_name="tiny"}' in text
+    assert 'vllm:e2e_request_latency_seconds_bucket{le="7680.0",model_name="tiny"}' in text
+    assert 'vllm:iteration_tokens_total_bucket{le="16384.0",model_name="tiny"}' in text
+    for name in ("request_time_per_output_token_seconds", "request_queue_time_seconds",
+                 "request_prefill_time_seconds", "request_decode_time_seconds"):
+        assert f"# TYPE vllm:{name} histogram" in text
+
+
+def test_openapi_documents_routes_and_errors(tiny_model_dir):
+    app = create_app(_engine(tiny_model_dir))
+    schema = app.openapi()
+    paths = schema["paths"]
+    for path, method in (("/v1/completions", "post"), ("/v1/chat/completions", "post"), ("/v1/models", "get"),
+                         ("/health", "get"), ("/metrics", "get"), ("/tokenize", "post"),
+                         ("/detokenize", "post"), ("/version", "get")):
+        assert method in paths[path], path
+    completions = paths["/v1/completions"]["post"]["responses"]
+    assert {"200", "400", "401", "404", "413", "500", "503"} <= set(completions) and "422" not in completions
+    assert "text/event-stream" in completions["200"]["content"]
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+
+
+@pytest.mark.parametrize("body", [{"prompt": [[1, 2], [3, 4]], "max_tokens": 2, "n": 2}])
+def test_multiple_prompts_and_n(tiny_model_dir, body):
+    app = create_app(_engine(tiny_model_dir))
+
+    async def scenario(client):
+        r = await client.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        data = r.json()
+        assert sorted(c["index"] for c in data["choices"]) == [0, 1, 2, 3]
+        assert data["usage"]["prompt_tokens"] == 4 and data["usage"]["completion_tokens"] == 8
+
+    _run(app, scenario)

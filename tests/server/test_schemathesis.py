@@ -1,0 +1,35 @@
+"""schemathesis against `/openapi.json` for the `/v1` routes: at least 50 examples per operation, no 5xx,
+no undocumented status, content type or response-schema violation."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).resolve().parent
+CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
+
+
+def test_schemathesis_v1_routes(small_server, tmp_path):
+    exe = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or shutil.which("schemathesis")
+    if exe is None:
+        pytest.skip("schemathesis is not installed")
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
+           "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [exe, "--no-color", "run", small_server.url + "/openapi.json", "--include-path-regex", "^/v1/",
+           "--checks", CHECKS, "--max-examples", "50", "--seed", "1", "--phases", "examples,fuzzing",
+           "--request-timeout", "60", "--generation-database", "none", "--workers", "1",
+           "--report", "junit", "--report-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=480, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    for operation in ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models"):
+        assert operation in out, out[-3000:]
+    health = small_server.get("/health")
+    assert health.status_code == 200
