@@ -103,14 +103,17 @@ class StepRecorder:
         self.engine.add_request(rid, ids, params_cls(temperature=0.0, max_tokens=out_len, ignore_eos=True))
 
 
-def scenarios(budget: int, max_len: int, quick: bool) -> list[tuple[str, list, list]]:
+def scenarios(budget: int, max_len: int, quick: bool, gpu: bool = False) -> list[tuple[str, list, list]]:
     """(name, requests at once [(prompt, output)], requests added after two steps).
 
-    Sized for a few minutes on a 2-core CPU: decode batches up to 48 at short context, up to 16 at 384
-    tokens, one long-context pair, and decodes mixed with a prefill chunk."""
-    lengths = [16, 64, 128, 256, 512, 1024] if not quick else [16, 128]
-    cases = [(f"prefill-{n}", [(n, 1)], []) for n in lengths if n <= min(budget, max_len)]
+    CPU: sized for a few minutes on 2 cores (decode batches up to 48 at short context, up to 16 at 384
+    tokens, one long-context pair). GPU: batches up to 256 and contexts up to 4k. Both end with decodes
+    mixed with a prefill chunk."""
+    lengths = [16, 64, 128, 256, 512, 1024] + ([2048, 4096, 8192] if gpu else []) if not quick else [16, 128]
+    cases = [(f"prefill-{n}", [(n, 1)], []) for n in lengths if n <= min(budget, max_len - 1)]
     grid = [(32, [1, 2, 4, 8, 16, 32, 48]), (384, [1, 4, 16]), (1024, [2])] if not quick else [(32, [1, 4])]
+    if gpu and not quick:
+        grid = [(128, [1, 8, 32, 64, 128, 256]), (1024, [1, 16, 64, 128]), (4000, [4, 16])]
     for ctx, batches in grid:
         for b in batches:
             cases.append((f"decode-b{b}-ctx{ctx}", [(ctx, 12)] * b, []))
@@ -147,7 +150,8 @@ def main() -> None:
     recorder = StepRecorder(engine, sync)
     started = time.perf_counter()
     for repeat in range(args.repeats):
-        for name, now, late in scenarios(args.max_num_batched_tokens, args.max_model_len, args.quick):
+        for name, now, late in scenarios(args.max_num_batched_tokens, args.max_model_len, args.quick,
+                                         device == "cuda"):
             recorder.run(name, now, late)
             print(f"[{time.perf_counter() - started:6.1f}s] repeat {repeat} {name}: {len(recorder.steps)} steps",
                   flush=True)

@@ -4,9 +4,8 @@
                        (you pay for the fleet the whole run, busy or idle: utilisation is the dominant term)
     API $ for a run  = input tokens / 1e6 * API input price + output tokens / 1e6 * API output price
     break-even rate  = GPUs * $/hour / 3600 / (API $ per request)      [requests per second]
-    break-even util. = (self-hosted $ per request at the simulated utilisation * that utilisation)
-                       / (API $ per request)  — the utilisation the fleet must sustain to match the API,
-                       assuming throughput grows in proportion to utilisation (true below saturation)
+                       (above it the fleet is cheaper, provided it still meets the SLO at that rate:
+                       check with `fewest_replicas`; the fleet's cost does not depend on its load)
 
 Prices are dated inputs (`HardwareProfile.price_*`, the workload's `prices`), never constants here.
 """
@@ -53,13 +52,8 @@ def cost_summary(summary: dict, price_usd_per_hour: float | None, num_gpus: int,
     if completed and api:
         api_per_request = api / completed
         out["break_even_request_rate"] = price_usd_per_hour * num_gpus / 3600.0 / api_per_request
-        out["break_even_utilisation"] = break_even_utilisation(fleet, api, summary["utilisation"])
+        out["break_even_traffic_share"] = fleet / api  # of the simulated traffic; > 1: the API is cheaper
     return out
-
-
-def break_even_utilisation(fleet_usd: float, api_usd: float, utilisation: float) -> float:
-    """Utilisation at which the fleet's cost per token equals the API's (> 1: never on this hardware)."""
-    return fleet_usd / api_usd * utilisation
 
 
 def meets_slo(summary: dict, slo: dict) -> bool:

@@ -39,7 +39,7 @@ _COST_ROWS = [
     ("API cost for the same tokens ($)", "api_usd", "{:,.4f}"),
     ("Self-hosted / API cost", "self_hosted_over_api", "{:,.2f}"),
     ("Break-even request rate (req/s)", "break_even_request_rate", "{:,.2f}"),
-    ("Break-even utilisation", "break_even_utilisation", "{:.1%}"),
+    ("Break-even share of this traffic", "break_even_traffic_share", "{:.1%}"),
 ]
 
 
@@ -73,7 +73,8 @@ def section_text(title: str, section: dict) -> str:
     slo = section.get("fewest_replicas_for_slo")
     if slo is not None:
         replicas = "not met up to the search limit" if slo["replicas"] is None else f"{slo['replicas']}"
-        lines.append(f"Fewest replicas meeting {_slo_text(slo['slo'])}: {replicas}")
+        lines.append(f"Fewest replicas meeting {_slo_text(slo['slo'])}: {replicas} "
+                     f"(search probes of {slo['probe_requests']} requests)")
     return "\n".join(lines)
 
 

@@ -8,7 +8,6 @@ import pytest
 
 from shared_engine.sim.cost import (
     api_cost_usd,
-    break_even_utilisation,
     cost_summary,
     fewest_replicas,
     meets_slo,
@@ -45,7 +44,7 @@ def test_cost_summary_by_hand():
     assert c["self_hosted_over_api"] == pytest.approx(3.6 / api)
     # $3.6/h = $0.001/s; the API charges 0.027/100 = $0.00027 per request -> break even at 3.7037 req/s
     assert c["break_even_request_rate"] == pytest.approx(0.001 / 0.00027)
-    assert c["break_even_utilisation"] == pytest.approx(3.6 / api * 0.5)
+    assert c["break_even_traffic_share"] == pytest.approx(3.6 / api)
 
 
 def test_missing_prices_give_no_dollar_figures():
@@ -53,10 +52,6 @@ def test_missing_prices_give_no_dollar_figures():
     assert c["fleet_usd"] is None and c["usd_per_1m_output_tokens"] is None
     c = cost_summary(summary(), 1.0, 1, ApiPrices())
     assert "api_usd" not in c
-
-
-def test_break_even_utilisation():
-    assert break_even_utilisation(fleet_usd=10.0, api_usd=40.0, utilisation=0.8) == pytest.approx(0.2)
 
 
 def test_meets_slo_and_fewest_replicas():
