@@ -98,6 +98,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--predict-only", action="store_true")
     p.add_argument("--out")
+    p.add_argument("--append", action="store_true",
+                   help="add this run to the existing --out file's `cpu_repeats` instead of replacing it")
     args = p.parse_args()
     spec, requests = make_requests(args)
     predicted = predict(requests)
@@ -130,6 +132,11 @@ def main() -> None:
         "h200": "not measured yet: needs the GPU issue's offline runs (llama-3.1-8b 1000/1000, qwen3-0.6b "
                 "nano-vllm workload) and a GPU step profile from scripts/profile_steps.py",
     }
+    if args.out and args.append and Path(args.out).exists():
+        existing = json.loads(Path(args.out).read_text())
+        repeat = {k: result[k] for k in ("command", "load_average_before", "load_average_after", "workload", "cpu")}
+        existing.setdefault("cpu_repeats", []).append(repeat | {"commit": result["environment"]["commit"]})
+        result = existing
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

@@ -21,10 +21,11 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in _FINISHED
+        return self._finished  # precomputed below: this is read for every request at every step
 
 
-_FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+for _status in RequestStatus:
+    _status._finished = _status.name.startswith("FINISHED")
 
 
 @dataclass

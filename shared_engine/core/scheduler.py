@@ -81,6 +81,8 @@ class Scheduler:
 
     def _reserve(self, request: Request, num_new: int, scheduled_ids: set[str], out: SchedulerOutput) -> bool:
         """Make room for `num_new` tokens of a running request, preempting newer requests if needed."""
+        if self.block_manager.num_new_blocks(request, num_new) == 0:
+            return True  # the common decode step: the current block still has a free slot
         while not self.block_manager.can_allocate(request, num_new):
             victim = max(
                 (r for r in self.running if r.request_id not in scheduled_ids),

@@ -70,8 +70,9 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None, arrival_time: float | None = None,
-                    cache_salt: str | None = None) -> None:
-        """Queue a request (fanned out into `params.n` sequences).
+                    cache_salt: str | None = None, final_only: bool = False) -> None:
+        """Queue a request (fanned out into `params.n` sequences). With `final_only`, `step()` returns
+        its output once, when it has finished (the offline API); otherwise after every new token.
 
         Raises:
             ValueError: an empty prompt, a prompt + max_tokens over max_model_len, or sampling parameters
@@ -90,7 +91,7 @@ class LLMEngine:
                 max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=arrival,
                 parent_id=request_id, index=index, cache_salt=cache_salt,
             ))
-        self.outputs.add_group(request_id, prompt, children)
+        self.outputs.add_group(request_id, prompt, children, final_only)
         for child in children:
             self.scheduler.add_request(child)
 

@@ -20,6 +20,7 @@ class _Group:
     logprobs: dict[str, list[dict[int, Logprob]]] = field(default_factory=dict)
     cumulative: dict[str, float] = field(default_factory=dict)
     prompt_logprobs: dict[int, float | None] = field(default_factory=dict)  # prompt position → logprob
+    final_only: bool = False  # build an output only when the whole group has finished
 
 
 class OutputBuilder:
@@ -28,14 +29,15 @@ class OutputBuilder:
         self.groups: dict[str, _Group] = {}
         self._parent: dict[str, str] = {}
 
-    def add_group(self, request_id: str, prompt: str | None, children: list[Request]) -> None:
+    def add_group(self, request_id: str, prompt: str | None, children: list[Request],
+                  final_only: bool = False) -> None:
         detoks = {}
         for child in children:
             p = child.sampling_params
             detoks[child.request_id] = None if self.tokenizer is None else IncrementalDetokenizer(
                 self.tokenizer, child.prompt_token_ids, p.stop, p.skip_special_tokens, p.include_stop_str_in_output)
             self._parent[child.request_id] = request_id
-        self.groups[request_id] = _Group(request_id, prompt, children, detoks)
+        self.groups[request_id] = _Group(request_id, prompt, children, detoks, final_only=final_only)
 
     def children(self, request_id: str) -> list[Request]:
         group = self.groups.get(request_id)
@@ -80,6 +82,9 @@ class OutputBuilder:
             if parent is None or parent in seen:
                 continue
             seen.add(parent)
+            group = self.groups[parent]
+            if group.final_only and not all(c.is_finished for c in group.children):
+                continue
             outputs.append(self.build(parent))
             if outputs[-1].finished:
                 self.drop(parent)

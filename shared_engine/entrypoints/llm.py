@@ -88,7 +88,7 @@ class LLM:
         for (text, ids), p, salt in zip(encoded, params, salts or [None] * len(encoded)):
             request_id = str(next(self._ids))
             order[request_id] = len(order)
-            engine.add_request(request_id, ids, p, prompt=text, cache_salt=salt)
+            engine.add_request(request_id, ids, p, prompt=text, cache_salt=salt, final_only=True)
         results: list[RequestOutput | None] = [None] * len(order)
         bar = _progress(len(order), use_tqdm)
         while engine.has_unfinished_requests():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from shared_engine.core.scheduler_output import SchedulerOutput
@@ -20,47 +21,47 @@ class StepInputs:
 
 
 def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device) -> StepInputs:
-    """Scheduled sequences must come decodes first (the scheduler's order)."""
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    cu = [0]
-    context_lens, query_lens = [], []
-    sample_indices, sampled_rows = [], []
+    """Scheduled sequences must come decodes first (the scheduler's order). Host work is O(tokens) in
+    numpy; each tensor crosses to the device once."""
+    scheduled = out.scheduled
+    num_seqs = len(scheduled)
+    query_lens = [s.num_new_tokens for s in scheduled]
+    starts = [s.start_position for s in scheduled]
+    context_lens = [a + n for a, n in zip(starts, query_lens)]
+    cu = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(query_lens, out=cu[1:])
+    max_blocks = max(len(s.block_table) for s in scheduled)
+    tables = np.zeros((num_seqs, max_blocks), dtype=np.int32)
+    for row, item in enumerate(scheduled):
+        tables[row, : len(item.block_table)] = item.block_table
     num_decodes = 0
-    max_blocks = 1
-    for row, item in enumerate(out.scheduled):
-        n, start = item.num_new_tokens, item.start_position
-        if item.is_decode and num_decodes == row:
-            num_decodes += 1
-        input_ids.extend(item.token_ids)
-        positions.extend(range(start, start + n))
-        table = item.block_table
-        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, start + n))
-        cu.append(cu[-1] + n)
-        context_lens.append(start + n)
-        query_lens.append(n)
-        max_blocks = max(max_blocks, len(table))
-        if item.needs_sample:
-            sample_indices.append(cu[-1] - 1)
-            sampled_rows.append(row)
-    tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in out.scheduled],
-                          dtype=torch.int32)
+    while num_decodes < num_seqs and scheduled[num_decodes].is_decode:
+        num_decodes += 1
+    if cu[-1] == num_seqs:  # one token per sequence (decode-only): no per-token expansion needed
+        positions = np.asarray(starts, dtype=np.int64)
+        input_ids = np.fromiter((s.token_ids[0] for s in scheduled), dtype=np.int64, count=num_seqs)
+        rows = np.arange(num_seqs)
+    else:
+        rows = np.repeat(np.arange(num_seqs), query_lens)
+        positions = np.arange(cu[-1], dtype=np.int64) - np.repeat(cu[:-1], query_lens) + np.repeat(starts, query_lens)
+        input_ids = np.fromiter((t for s in scheduled for t in s.token_ids), dtype=np.int64, count=int(cu[-1]))
+    slots = tables[rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    sampled_rows = [row for row, s in enumerate(scheduled) if s.needs_sample]
+    sample_indices = cu[1:][sampled_rows] - 1
+
+    def dev(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(device, non_blocking=True)
+
     meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        block_tables=tables.to(device),
-        context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
-        cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
+        slot_mapping=dev(slots),
+        block_tables=dev(tables),
+        context_lens=dev(np.asarray(context_lens, dtype=np.int32)),
+        cu_seqlens_q=dev(cu.astype(np.int32)),
         num_decodes=num_decodes,
         max_context_len=max(context_lens),
         max_query_len=max(query_lens),
         context_lens_list=context_lens,
         query_lens_list=query_lens,
     )
-    return StepInputs(
-        input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-        positions=torch.tensor(positions, dtype=torch.int64, device=device),
-        meta=meta,
-        sample_indices=torch.tensor(sample_indices, dtype=torch.int64, device=device),
-        sampled_rows=sampled_rows,
-    )
+    return StepInputs(dev(input_ids), dev(positions), meta, dev(np.asarray(sample_indices, dtype=np.int64)),
+                      sampled_rows)
