@@ -13,6 +13,7 @@ from shared_engine.core.scheduler_output import SchedulerOutput
 from shared_engine.model_executor.attention.registry import get_backend
 from shared_engine.model_executor.cuda_graph_runner import CudaGraphRunner
 from shared_engine.model_executor.input_builder import build_inputs
+from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
 from shared_engine.model_loader.model_source import ModelSource
 from shared_engine.model_loader.weight_loader import init_dummy, load_safetensors
@@ -56,6 +57,9 @@ class ModelRunner:
             max_position = self.config.model.max_model_len or self.arch.max_position_embeddings
             model = model_cls(self.arch, max_position=max_position)
         model.to(self.dtype)
+        for module in model.modules():  # the RoPE table stays fp32 (the rotary kernel reads fp32 cos/sin)
+            if isinstance(module, RotaryEmbedding):
+                module.cos_sin_cache = module.cos_sin_cache.float()
         if self.config.model.load_format == "dummy":
             init_dummy(model, seed=self.config.model.seed)
         else:

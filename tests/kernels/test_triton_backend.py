@@ -53,4 +53,6 @@ def test_mixed_batch_matches_torch_backend():
         results.append((hidden, kv[0]))
     (h_ref, kv_ref), (h, kv) = results
     torch.testing.assert_close(kv, kv_ref)
-    torch.testing.assert_close(h, h_ref, rtol=2e-4, atol=2e-4)
+    # fp32 on the CPU interpreter; on CUDA, Triton's fp32 dot runs in tf32 (about 3e-4 relative per product)
+    tol = 2e-4 if DEVICE == "cpu" else 2e-2
+    torch.testing.assert_close(h, h_ref, rtol=tol, atol=tol)
