@@ -3,7 +3,7 @@
 # benchmarks of issue 5 (with the roofline bound and transformers' continuous batching in the same run),
 # kernel tests at real shapes and the kernel benchmarks. Every results file goes to OUTDIR. Each step has
 # its own time limit (seconds) so one slow step cannot starve the rest of a 10-minute lease.
-#   scripts/gpu_check.sh OUTDIR
+#   GIT_COMMIT=$(git rev-parse HEAD) scripts/gpu_check.sh OUTDIR   (the device copy has no .git)
 set -uo pipefail
 OUT=${1:?usage: gpu_check.sh OUTDIR}
 mkdir -p "$OUT"
