@@ -65,6 +65,7 @@ def measure(requests) -> dict:
     llm.generate([[100] * 64] * 2, SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     pending = sorted(requests, key=lambda r: r.arrival_time)
     results = {}
+    steps = StepLog(engine)
     t0 = time.time()
     while pending or engine.has_unfinished_requests():
         now = time.time() - t0
@@ -75,7 +76,7 @@ def measure(requests) -> dict:
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, pending[0].arrival_time - (time.time() - t0)))
             continue
-        for output in engine.step():
+        for output in steps.step():
             if output.finished:
                 results[output.request_id] = output
     ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in results.values()]
@@ -84,7 +85,41 @@ def measure(requests) -> dict:
     return {"completed": len(results), "duration_s": finish, "total_output_tokens": out_tokens,
             "output_throughput": out_tokens / finish, "request_throughput": len(results) / finish,
             "median_ttft_ms": 1000 * statistics.median(ttft), "mean_ttft_ms": 1000 * statistics.mean(ttft),
-            "num_preemptions": engine.scheduler.num_preemptions_total, "num_steps": engine.stats.num_steps}
+            "num_preemptions": engine.scheduler.num_preemptions_total, "num_steps": engine.stats.num_steps,
+            "step_time_predicted_over_measured": steps.ratios()}
+
+
+class StepLog:
+    """Times every engine step and what the step-time model predicts for the same composition, so a
+    throughput or TTFT error can be split into step-time error and its amplification by queueing."""
+
+    def __init__(self, engine) -> None:
+        from shared_engine.sim.step_time import StepTimeModel
+
+        _, arch = resolve_arch(None)
+        self.model = StepTimeModel(arch, "float32", load_hardware("cpu-2core"))
+        self.engine, self.pairs, self._out = engine, [], None
+        original = engine.scheduler.schedule
+
+        def schedule():
+            self._out = original()
+            return self._out
+
+        engine.scheduler.schedule = schedule
+
+    def step(self):
+        started = time.perf_counter()
+        outputs = self.engine.step()
+        seconds = time.perf_counter() - started
+        if self._out is not None and not self._out.is_empty:
+            self.pairs.append((self.model.seconds(self._out.scheduled), seconds))
+        return outputs
+
+    def ratios(self) -> dict:
+        ratios = sorted(p / m for p, m in self.pairs)
+        pick = lambda q: ratios[min(len(ratios) - 1, int(q * len(ratios)))]
+        return {"median": pick(0.5), "p10": pick(0.1), "p90": pick(0.9), "num_steps": len(ratios),
+                "sum_predicted_over_sum_measured": sum(p for p, _ in self.pairs) / sum(m for _, m in self.pairs)}
 
 
 def main() -> None:

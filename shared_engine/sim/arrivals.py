@@ -3,7 +3,8 @@
 Open loop, as `vllm bench serve`: `poisson` (exponential gaps at `rate` per second) or `gamma` (gaps from a
 gamma distribution of shape `burstiness` and mean 1/rate; burstiness 1 is Poisson, below 1 burstier);
 `rate: inf` sends everything at time 0. Closed loop: `closed_loop` runs `num_users` users that each send
-their next request `think_time_s` after their previous one finished, so load follows the server's speed.
+their next request `think_time_s` after their previous one finished (and their first after one think
+time, so that users do not all start at once), so load follows the server's speed.
 """
 
 from __future__ import annotations

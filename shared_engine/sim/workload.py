@@ -82,8 +82,9 @@ class WorkloadGenerator:
         self._system_prompts = self._make_system_prompts()
         arrival = spec.arrival
         if arrival.is_closed_loop:
-            for user in range(replica, arrival.num_users, num_replicas):
-                self._push(0.0, self._new_session(user))
+            for user in range(replica, arrival.num_users, num_replicas):  # each thinks before its first request
+                start = float(arrival.think_time_s.sample(self.rng, 1)[0])
+                self._push(start, self._new_session(user))
         else:
             self._arrival = arrival.scaled(1.0 / num_replicas)
             self._push(self._arrival.next_gap(self.rng), "start")
