@@ -73,3 +73,13 @@ def test_cli_end_to_end(tmp_path, capsys, gpu):
     assert report["baseline"]["summary"]["prefix_cache_hits"] > 0
     assert report["baseline"]["fewest_replicas_for_slo"]["replicas"] == 1
     assert report["traffic_10x"]["summary"]["completed"] == 60
+
+
+def test_png_when_matplotlib_is_installed(tmp_path):
+    pytest.importorskip("matplotlib")
+    from shared_engine.sim.report import write_png
+
+    summary = {f"{s}_{k}_ms": 1.0 for s in ("median", "p90", "p99") for k in ("ttft", "tpot", "itl", "e2el")}
+    report = {"inputs": {"model": "m", "hardware": {"name": "H200"}}, "baseline": {"summary": summary}}
+    assert write_png(report, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 1000
