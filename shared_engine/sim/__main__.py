@@ -61,7 +61,8 @@ def run_scenario(sim: Simulator, workload: WorkloadSpec, replicas: int, price, a
         probe = workload
         if args.search_requests and workload.num_requests and workload.num_requests > args.search_requests:
             probe = dataclasses.replace(workload, num_requests=args.search_requests)
-        found = fewest_replicas(lambda n: sim.run_replicas(probe, n).summary(), workload.slo, args.max_replicas)
+        found = fewest_replicas(lambda n: sim.run_replicas(probe, n).summary(), workload.slo, args.max_replicas,
+                                start=replicas)
         section["fewest_replicas_for_slo"] = {
             "slo": workload.slo, "replicas": found and found[0], "probe_requests": probe.num_requests,
             "summary": found and found[1],

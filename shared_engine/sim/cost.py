@@ -61,9 +61,11 @@ def meets_slo(summary: dict, slo: dict) -> bool:
     return all(summary[key] <= limit for key, limit in slo.items())
 
 
-def fewest_replicas(simulate: Callable[[int], dict], slo: dict, max_replicas: int = 256) -> tuple[int, dict] | None:
-    """Smallest replica count whose summary meets `slo`, by doubling then bisection (more replicas never
-    make latency worse: tests check it). `simulate(n)` returns a summary. None if `max_replicas` fails."""
+def fewest_replicas(simulate: Callable[[int], dict], slo: dict, max_replicas: int = 256,
+                    start: int = 1) -> tuple[int, dict] | None:
+    """Smallest replica count whose summary meets `slo`: doubling from `start` until one passes, then
+    bisection (more replicas never make latency worse: tests check it). `simulate(n)` returns a summary.
+    None if `max_replicas` fails."""
     cache: dict[int, dict] = {}
 
     def ok(n: int) -> bool:
@@ -71,12 +73,11 @@ def fewest_replicas(simulate: Callable[[int], dict], slo: dict, max_replicas: in
             cache[n] = simulate(n)
         return meets_slo(cache[n], slo)
 
-    high = 1
+    high, low = max(1, min(start, max_replicas)), 0  # low: the largest count known to fail (0: none)
     while not ok(high):
         if high >= max_replicas:
             return None
-        high = min(high * 2, max_replicas)
-    low = high // 2  # fails (or 0)
+        low, high = high, min(high * 2, max_replicas)
     while high - low > 1:
         mid = (low + high) // 2
         if ok(mid):

@@ -67,3 +67,6 @@ def test_meets_slo_and_fewest_replicas():
     assert n == 4 and s["p99_ttft_ms"] == 250.0  # 1000/3 = 333 fails, 1000/4 = 250 passes
     assert len(calls) == len(set(calls))  # each count simulated once
     assert fewest_replicas(simulate, {"p99_ttft_ms": 1}, max_replicas=8) is None
+    calls.clear()
+    assert fewest_replicas(simulate, {"p99_ttft_ms": 300}, start=8)[0] == 4  # passes at 8: bisect below
+    assert fewest_replicas(simulate, {"p99_ttft_ms": 60}, start=3)[0] == 17  # fails at 3: double up, bisect
