@@ -28,7 +28,7 @@ for _status in RequestStatus:
     _status._finished = _status.name.startswith("FINISHED")
 
 
-@dataclass
+@dataclass(eq=False)  # identity, not field-wise equality: queues remove and find requests by identity
 class Request:
     """One sequence. A request with `n` > 1 is fanned out into `n` of these by the engine.
 

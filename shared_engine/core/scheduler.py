@@ -21,6 +21,15 @@ from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutpu
 _ADMISSION_WATERMARK = 0.01
 
 
+def build_scheduler(config, num_blocks: int, max_model_len: int) -> Scheduler:
+    """The scheduler and block manager for an `EngineConfig`, built one way for the engine and the capacity
+    model alike (so the simulator can never drift from what the engine decides)."""
+    cache = config.cache
+    block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching,
+                                 cache.prefix_cache_eviction, cache.prefix_caching_hash_algo)
+    return Scheduler(config.scheduler, block_manager, max_model_len)
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
         self.config = config

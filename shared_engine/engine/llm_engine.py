@@ -7,9 +7,8 @@ import logging
 import time
 
 from shared_engine.config import EngineConfig
-from shared_engine.core.block_manager import BlockManager
 from shared_engine.core.request import Request, RequestStatus
-from shared_engine.core.scheduler import Scheduler
+from shared_engine.core.scheduler import build_scheduler
 from shared_engine.engine.kv_capacity import capacity_line, check_fits, num_kv_blocks
 from shared_engine.engine.output_builder import OutputBuilder
 from shared_engine.engine.request_validator import validate_request
@@ -38,10 +37,8 @@ class LLMEngine:
         check_fits(num_blocks, config.cache.block_size, self.max_model_len)
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.capture_cuda_graphs()
-        cache = config.cache
-        self.block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching,
-                                          cache.prefix_cache_eviction, cache.prefix_caching_hash_algo)
-        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
+        self.scheduler = build_scheduler(config, num_blocks, self.max_model_len)
+        self.block_manager = self.scheduler.block_manager
         self.outputs = OutputBuilder(self.tokenizer)
         self.stats = EngineStats()
         logger.info(capacity_line(num_blocks, config.cache.block_size, self.max_model_len))

@@ -17,9 +17,8 @@ import math
 from collections.abc import Callable
 
 from shared_engine.config import EngineConfig
-from shared_engine.core.block_manager import BlockManager
 from shared_engine.core.request import Request
-from shared_engine.core.scheduler import Scheduler
+from shared_engine.core.scheduler import Scheduler, build_scheduler
 from shared_engine.core.scheduler_output import SchedulerOutput
 from shared_engine.engine.kv_capacity import check_fits, num_kv_blocks
 from shared_engine.model_arch import DTYPE_BYTES, ModelArch
@@ -75,11 +74,8 @@ class Simulator:
         return int(budget)
 
     def new_scheduler(self) -> Scheduler:
-        """Built exactly as `LLMEngine.__init__` builds it (prefix caching and eviction policy included)."""
-        cache = self.config.cache
-        block_manager = BlockManager(self.num_blocks, cache.block_size, cache.enable_prefix_caching,
-                                     cache.prefix_cache_eviction, cache.prefix_caching_hash_algo)
-        return Scheduler(self.config.scheduler, block_manager, self.max_model_len)
+        """Built by the same function `LLMEngine` uses (prefix caching and eviction policy included)."""
+        return build_scheduler(self.config, self.num_blocks, self.max_model_len)
 
     def run(self, workload, metrics: SimMetrics | None = None,
             on_step: Callable[[SchedulerOutput, float], None] | None = None) -> SimMetrics:
