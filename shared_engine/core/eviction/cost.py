@@ -4,8 +4,8 @@ HP Labs HPL-98-69R1, with every block the same size).
 priority = L + (1 + num_hits) * recompute_cost(depth), where L is the priority of the last victim (an
 inflation clock, so blocks that stop being hit age out) and recompute_cost grows with the block's position
 (its tokens attend over a longer prefix), capped so that a child never outranks its parent. The victim has
-the lowest priority; ties go to the oldest (within one chain, the deepest). A hot shared system prompt accumulates hits and outlives a burst of one-off prompts, which
-plain LRU would let flush it.
+the lowest priority; ties go to the oldest (within one chain, the deepest). A hot shared system prompt
+accumulates hits and outlives a burst of one-off prompts, which plain LRU would let flush it.
 """
 
 from __future__ import annotations
