@@ -1,21 +1,28 @@
 """schemathesis hooks (loaded through SCHEMATHESIS_HOOKS) that keep fuzzed generations short on the CPU:
-`max_tokens` above 2 (or null) becomes 2 and `n` above 1 becomes 1, so that 50+ examples per operation
-finish in a few minutes. Everything else the schema allows is sent as generated."""
+every generation request asks for at most 2 tokens (also when `max_tokens` is missing or null, which
+means "up to the context limit") and `n` is at most 1, so that 50+ examples per operation finish in a
+few minutes. Everything else the schema allows is sent as generated."""
 
 from __future__ import annotations
 
 import schemathesis
 
-_CAPS = {"max_tokens": 2, "max_completion_tokens": 2, "n": 1}
+MAX_TOKENS = 2
+
+
+def _small(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value <= MAX_TOKENS
 
 
 @schemathesis.hook
 def map_body(context, body):
-    if isinstance(body, dict):
-        for name, cap in _CAPS.items():
-            value = body.get(name)
-            too_big = isinstance(value, int) and not isinstance(value, bool) and value > cap
-            unbounded = value is None and name in body and name != "n"
-            if too_big or unbounded:
-                body[name] = cap
+    if not isinstance(body, dict):
+        return body
+    if not _small(body.get("max_tokens")):
+        body["max_tokens"] = MAX_TOKENS
+    if "max_completion_tokens" in body and not _small(body["max_completion_tokens"]):
+        body["max_completion_tokens"] = MAX_TOKENS
+    n = body.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and n > 1:
+        body["n"] = 1
     return body

@@ -4,6 +4,7 @@ overload (503 + Retry-After), API key (401), body limit (413), metrics names and
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -55,17 +56,36 @@ def test_engine_failure_fails_requests_and_health(tiny_model_dir):
 
 
 def test_overload_is_503_with_retry_after(tiny_model_dir):
-    app = create_app(_engine(tiny_model_dir, max_num_seqs=1, max_waiting_requests=1))
+    from shared_engine.sampling_params import SamplingParams
+
+    engine = _engine(tiny_model_dir, max_num_seqs=1, max_waiting_requests=1)
+    step = engine.step
+
+    def slow_step():  # a slow device: the first request runs while the next one waits
+        time.sleep(0.01)
+        return step()
+
+    engine.step = slow_step
+    app = create_app(engine)
+    async_engine = app.state.ctx.async_engine
 
     async def scenario(client):
-        body = {"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True}
-        first = asyncio.ensure_future(client.post("/v1/completions", json=body))
-        second = asyncio.ensure_future(client.post("/v1/completions", json=body))
-        await asyncio.sleep(0.3)
-        third = await client.post("/v1/completions", json={**body, "max_tokens": 1})
-        assert third.status_code == 503, third.text
-        assert third.headers["retry-after"] and third.json()["error"]["code"] == 503
-        assert (await first).status_code == 200 and (await second).status_code == 200
+        params = SamplingParams(max_tokens=100, ignore_eos=True)
+        async_engine.add_request("running", PROMPT, params)
+        for _ in range(300):
+            if engine.scheduler.num_running == 1:
+                break
+            await asyncio.sleep(0.01)
+        async_engine.add_request("waiting", PROMPT, params)
+        await asyncio.sleep(0.05)
+        assert async_engine.num_waiting == 1
+        r = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1})
+        assert r.status_code == 503, r.text
+        assert r.headers["retry-after"] and r.json()["error"]["code"] == 503
+        for rid in ("running", "waiting"):
+            async_engine.abort(rid)
+        ok = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1})
+        assert ok.status_code == 200
 
     _run(app, scenario)
 
@@ -122,7 +142,7 @@ def test_openapi_documents_routes_and_errors(tiny_model_dir):
         assert method in paths[path], path
     completions = paths["/v1/completions"]["post"]["responses"]
     assert {"200", "400", "401", "404", "413", "500", "503"} <= set(completions) and "422" not in completions
-    assert "text/event-stream" in completions["200"]["content"]
+    assert "itemSchema" in completions["200"]["content"]["text/event-stream"]
     assert "HTTPValidationError" not in schema["components"]["schemas"]
 
 

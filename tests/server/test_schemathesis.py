@@ -4,6 +4,7 @@ no undocumented status, content type or response-schema violation."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,8 @@ def test_schemathesis_v1_routes(small_server, tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=480, cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
-    for operation in ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models"):
-        assert operation in out, out[-3000:]
+    generated = re.search(r"(\d+) generated", out)
+    # 50 per operation with inputs (completions, chat); GET /v1/models has none to vary.
+    assert generated and int(generated.group(1)) >= 100, out[-3000:]
     health = small_server.get("/health")
     assert health.status_code == 200

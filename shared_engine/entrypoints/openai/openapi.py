@@ -18,13 +18,23 @@ _DESCRIPTIONS = {
 }
 
 
+# One Server-Sent Event (OpenAPI 3.2's `itemSchema` for event streams): `data` is a JSON chunk, an error
+# envelope, or `[DONE]`.
+_SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
+                   "retry": {"type": "integer"}},
+}
+
+
 def error_responses(*codes: int) -> dict:
     return {code: {"model": ErrorResponse, "description": _DESCRIPTIONS[code]} for code in codes}
 
 
 def stream_responses() -> dict:
     """A generation route: JSON, or SSE with `stream: true`; every error status."""
-    ok = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+    ok = {200: {"content": {"text/event-stream": {"itemSchema": _SSE_EVENT}},
                 "description": "The response; with stream=true, Server-Sent Events ending in `data: [DONE]`"}}
     return {**ok, **error_responses(400, 401, 404, 413, 500, 503)}
 
