@@ -84,6 +84,10 @@ def test_overload_is_503_with_retry_after(tiny_model_dir):
         assert r.headers["retry-after"] and r.json()["error"]["code"] == 503
         for rid in ("running", "waiting"):
             async_engine.abort(rid)
+        for _ in range(300):  # the engine thread applies aborts before its next step
+            if async_engine.num_waiting == 0 and engine.scheduler.num_running == 0:
+                break
+            await asyncio.sleep(0.01)
         ok = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1})
         assert ok.status_code == 200
 
