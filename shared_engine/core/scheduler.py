@@ -39,6 +39,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions_total = 0
+        self._now: float | None = None
         self.prefix_cache_queries = 0  # tokens looked up in the prefix cache at admission
         self.prefix_cache_hits = 0  # of those, tokens served from it
         self._watermark_blocks = int(_ADMISSION_WATERMARK * block_manager.num_blocks)
@@ -68,7 +69,9 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- one step ------------------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        """Choose this step's work. `now` (seconds, the caller's clock) stamps first scheduling times."""
+        self._now = now
         out = SchedulerOutput()
         budget = self.config.token_budget
         scheduled_ids: set[str] = set()
@@ -127,8 +130,9 @@ class Scheduler:
             if bm.enable_prefix_caching:
                 self.prefix_cache_queries += request.num_tokens
                 self.prefix_cache_hits += num_cached_tokens
-            if request.first_scheduled_time is None:
+            if request.first_scheduled_time is None:  # first admission (not a resume after preemption)
                 request.num_cached_tokens = num_cached_tokens
+                request.first_scheduled_time = self._now
             request.num_computed_tokens = num_cached_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)

@@ -107,7 +107,7 @@ class LLMEngine:
     def step(self) -> list:
         """Schedule, run the model once, sample, and return the `RequestOutput`s that changed."""
         started = time.perf_counter()
-        out = self.scheduler.schedule()
+        out = self.scheduler.schedule(time.time())
         if out.is_empty:
             return []
         result = self.runner.execute(out)

@@ -103,7 +103,7 @@ class Simulator:
                     return metrics
                 now = max(now, upcoming)
                 continue
-            out = scheduler.schedule()
+            out = scheduler.schedule(now)
             if out.is_empty:
                 self._stalled(scheduler, workload)
                 now = workload.peek_time()

@@ -4,6 +4,7 @@ backend on a tiny model: the glue (decode/prefill split, cu_seqlens offsets, slo
 from __future__ import annotations
 
 import torch
+from conftest import DEVICE  # tests/kernels/conftest.py
 
 from shared_engine.core.request import Request
 from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -13,7 +14,6 @@ from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.models.llama import LlamaForCausalLM
 from shared_engine.model_loader.weight_loader import init_dummy
 from shared_engine.sampling_params import SamplingParams
-from conftest import DEVICE  # tests/kernels/conftest.py
 
 ARCH = ModelArch.from_dict({
     "architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 64, "intermediate_size": 64,

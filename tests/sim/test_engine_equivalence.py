@@ -58,8 +58,8 @@ def run_engine(model_dir, settings: dict, specs: list[RequestSpec]) -> list[tupl
     recorded = []
     original = engine.scheduler.schedule
 
-    def schedule():
-        out = original()
+    def schedule(now=None):
+        out = original(now)
         if not out.is_empty:
             recorded.append(decisions(out))
         return out
