@@ -5,7 +5,7 @@ Workloads (token-id prompts on the serving benchmark's client, `scripts/bench_se
 - `shared_prefix`: its `prefix_repetition` dataset, one 4,096-token shared prefix + 128-token unique
   suffixes, 64 requests, all at once: median TTFT, throughput and hit rate, caching on vs off.
 - `no_shared_prefix`: its `random` dataset: the cost of caching when nothing is shared (throughput on vs off).
-- `hot_prefix_under_pressure`: half the requests share a hot 1,024-token system prompt, the other half are
+- `hot_prefix_under_pressure`: one request in four shares a hot 1,024-token system prompt, the others are
   one-off 1,024-token prompts, on a KV pool a few prompts deep: `lru` vs `cost` by hit rate and TTFT.
 
     python scripts/bench_prefix_caching.py --out benchmarks/results/prefix_caching_cpu_smollm2.json
@@ -93,11 +93,13 @@ def measure(flags: list[str], samples, rate: float, max_concurrency: int | None,
             "prefix_cache_hits_tokens": hits, "prefix_cache_hit_rate": hits / queries if queries else 0.0}
 
 
-def hot_prefix_samples(rng, vocab: int, num: int, hot_len: int, suffix_len: int, one_off_len: int, output_len: int):
+def hot_prefix_samples(rng, vocab: int, num: int, hot_len: int, suffix_len: int, one_off_len: int, output_len: int,
+                       hot_every: int):
+    """Every `hot_every`-th request is the hot prefix plus a unique suffix; the others are one-off prompts."""
     hot = rng.integers(100, vocab, hot_len).tolist()
     samples = []
     for i in range(num):
-        if i % 2 == 0:
+        if i % hot_every == 0:
             samples.append(bench.Sample(hot + rng.integers(100, vocab, suffix_len).tolist(), output_len))
         else:
             samples.append(bench.Sample(rng.integers(100, vocab, one_off_len).tolist(), output_len))
@@ -113,6 +115,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--hot-len", type=int, default=1024, help="hot prefix and one-off prompt length (pressure run)")
     p.add_argument("--pressure-requests", type=int, default=48)
+    p.add_argument("--hot-every", type=int, default=4, help="one request in this many uses the hot prefix")
     p.add_argument("--pressure-blocks", type=int, default=300, help="KV pool (blocks of 16) for the pressure run")
     p.add_argument("--pressure-rate", type=float, default=1.0, help="requests/s in the pressure run")
     p.add_argument("--skip", nargs="*", default=[], help="workloads to skip")
@@ -146,7 +149,7 @@ def main() -> None:
         record("no_shared_prefix", runs)
     if "hot_prefix_under_pressure" not in args.skip:
         samples = hot_prefix_samples(np.random.default_rng(args.seed), vocab, args.pressure_requests, args.hot_len,
-                                     32, args.hot_len, args.output_len)
+                                     32, args.hot_len, args.output_len, args.hot_every)
         flags = base + ["--num-gpu-blocks-override", str(args.pressure_blocks)]
         runs = {policy: measure(flags + ["--prefix-cache-eviction", policy], samples, args.pressure_rate, 4, args.seed)
                 for policy in ("lru", "cost")}
