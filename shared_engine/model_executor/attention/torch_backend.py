@@ -76,10 +76,11 @@ def _decode(q, k_cache, v_cache, block_tables, context_lens: list[int], scale: f
     block_size = k_cache.shape[1]
     max_ctx = max(context_lens)
     nblocks = -(-max_ctx // block_size)
-    idx = block_tables[:, :nblocks].long()  # [B, nblocks]
+    idx = block_tables[:, :nblocks].long().flatten()  # [B * nblocks]
     B = q.shape[0]
-    keys = k_cache[idx].view(B, nblocks * block_size, *k_cache.shape[2:])  # [B, L, num_kv_heads, head_dim]
-    values = v_cache[idx].view(B, nblocks * block_size, *v_cache.shape[2:])
+    # index_select copies whole blocks (contiguous rows): ~3x faster on the CPU than advanced indexing
+    keys = k_cache.index_select(0, idx).view(B, nblocks * block_size, *k_cache.shape[2:])  # [B, L, Hkv, D]
+    values = v_cache.index_select(0, idx).view(B, nblocks * block_size, *v_cache.shape[2:])
     lens = torch.tensor(context_lens, device=q.device)
     mask = torch.arange(nblocks * block_size, device=q.device)[None, :] < lens[:, None]  # [B, L]
     out = F.scaled_dot_product_attention(
