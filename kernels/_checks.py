@@ -54,3 +54,31 @@ def device_num_sms(device: torch.device) -> int:
     if key not in _NUM_SMS:
         _NUM_SMS[key] = torch.cuda.get_device_properties(device).multi_processor_count
     return _NUM_SMS[key]
+
+
+def check_paged_attention_args(
+    q: torch.Tensor,  # [num_tokens_or_seqs, num_q_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq]
+    num_seqs: int,
+) -> tuple[int, int]:
+    """Shared checks of the paged attention launchers; returns (block_size, num_kv_heads).
+
+    Raises ValueError on mismatched cache shapes or dtypes, a GQA ratio that is not an integer, or a
+    head_dim / block_size that is not a power of two (head_dim >= 16)."""
+    _, num_q_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    check_shape("k_cache", k_cache, (num_blocks, block_size, num_kv_heads, head_dim))
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    if block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables must have {num_seqs} rows, got shape {tuple(block_tables.shape)}")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"num_q_heads={num_q_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    if head_dim < 16 or not is_power_of_two(head_dim):
+        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    if not is_power_of_two(block_size):
+        raise ValueError(f"block_size must be a power of two, got {block_size}")
+    return block_size, num_kv_heads

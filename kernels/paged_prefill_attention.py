@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import FLOAT_DTYPES, check_same_device, check_shape, check_tensor, is_power_of_two
+from kernels._checks import FLOAT_DTYPES, check_paged_attention_args, check_same_device, check_shape, check_tensor
 from kernels.paged_decode_attention import gather_paged_kv
 
 
@@ -144,21 +144,9 @@ def paged_prefill_attention(
         q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, cu_seqlens_q=cu_seqlens_q
     )
     num_tokens, num_q_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = context_lens.shape[0]
-    check_shape("k_cache", k_cache, (num_blocks, block_size, num_kv_heads, head_dim))
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    block_size, num_kv_heads = check_paged_attention_args(q, k_cache, v_cache, block_tables, num_seqs)
     check_shape("cu_seqlens_q", cu_seqlens_q, (num_seqs + 1,))
-    if block_tables.shape[0] != num_seqs:
-        raise ValueError(f"block_tables must have {num_seqs} rows, got shape {tuple(block_tables.shape)}")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    if num_q_heads % num_kv_heads != 0:
-        raise ValueError(f"num_q_heads={num_q_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    if head_dim < 16 or not is_power_of_two(head_dim):
-        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
-    if not is_power_of_two(block_size):
-        raise ValueError(f"block_size must be a power of two, got {block_size}")
     if out is None:
         out = torch.empty_like(q)
     check_tensor("out", out, 3, (q.dtype,))
