@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -24,6 +25,9 @@ class AttentionMetadata:
     max_query_len: int
     context_lens_list: list[int]
     query_lens_list: list[int]
+    # Per-step plans a backend derives from this layout once and reuses in every layer (e.g. the torch
+    # backend's decode length buckets); keyed by the backend.
+    backend_cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def num_seqs(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -13,7 +15,8 @@ from shared_engine.model_executor.attention.registry import register_backend
 class TorchPagedAttention:
     """Writes the step's K/V into their slots, then attends over each sequence's cached context.
 
-    Decodes are batched: their contexts are gathered through the block table into one padded tensor.
+    Decodes are batched in buckets of similar context length: each bucket's contexts are gathered through
+    the block table into one padded tensor.
     Prefill chunks run one sequence at a time with a causal mask offset by the cached prefix.
     """
 
@@ -31,7 +34,11 @@ class TorchPagedAttention:
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            out[:nd] = _decode(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.context_lens_list[:nd], scale)
+            block_tables, context_lens = meta.block_tables[:nd], meta.context_lens_list[:nd]
+            plan = meta.backend_cache.get("torch_decode")
+            if plan is None:  # once per step, shared by every layer
+                plan = meta.backend_cache["torch_decode"] = _decode_plan(block_tables, context_lens, k_cache.shape[1])
+            out[:nd] = _decode(q[:nd], k_cache, v_cache, block_tables, context_lens, scale, plan)
         offsets = meta.cu_seqlens_q.tolist() if meta.num_seqs > nd else []
         for b in range(nd, meta.num_seqs):
             start, end = offsets[b], offsets[b + 1]
@@ -72,23 +79,72 @@ def _attend(q, keys, values, ctx: int, scale: float) -> torch.Tensor:
     return out.transpose(0, 1)
 
 
-def _decode(q, k_cache, v_cache, block_tables, context_lens: list[int], scale: float) -> torch.Tensor:
-    block_size = k_cache.shape[1]
-    max_ctx = max(context_lens)
-    nblocks = -(-max_ctx // block_size)
-    idx = block_tables[:, :nblocks].long().flatten()  # [B * nblocks]
-    B = q.shape[0]
-    # index_select copies whole blocks (contiguous rows): ~3x faster on the CPU than advanced indexing
-    keys = k_cache.index_select(0, idx).view(B, nblocks * block_size, *k_cache.shape[2:])  # [B, L, Hkv, D]
-    values = v_cache.index_select(0, idx).view(B, nblocks * block_size, *v_cache.shape[2:])
-    lens = torch.tensor(context_lens, device=q.device)
-    mask = torch.arange(nblocks * block_size, device=q.device)[None, :] < lens[:, None]  # [B, L]
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2),  # [B, num_heads, 1, head_dim]
-        keys.transpose(1, 2),
-        values.transpose(1, 2),
-        attn_mask=mask[:, None, None, :],
-        scale=scale,
-        enable_gqa=True,
-    )
-    return out.squeeze(2)
+# Decodes whose context lengths are within this factor of each other share one padded gather.
+_BUCKET_SPREAD = 1.1
+
+
+@dataclass(frozen=True)
+class _DecodeBucket:
+    """Decode sequences of similar context length, attended together over one padded gather."""
+
+    seqs: torch.Tensor  # [b] int64: positions of the bucket's sequences among the step's decodes
+    blocks: torch.Tensor  # [b * num_blocks] int64: their block ids, row-major, padded with their own blocks
+    num_blocks: int
+    max_len: int  # longest context in the bucket, in tokens
+    mask: torch.Tensor | None  # [b, 1, 1, max_len] bool: key position < context length; None if all equal
+
+
+def _decode_plan(block_tables: torch.Tensor, context_lens: list[int], block_size: int) -> list[_DecodeBucket]:
+    """Sort decodes by context length and cut them into buckets whose longest is <= 1.1x their shortest.
+
+    Padding every decode to the batch's longest context (the plain approach) reads and copies about twice
+    the KV that uniform-length batches need; on the CPU decode attention is memory-bound, so bucketing cuts
+    its time about 5x at batch 48 with contexts in [48, 768] (measured with SmolLM2-135M's head layout).
+    """
+    order = sorted(range(len(context_lens)), key=context_lens.__getitem__)
+    buckets = []
+    i = 0
+    while i < len(order):
+        j = i + 1
+        while j < len(order) and context_lens[order[j]] <= context_lens[order[i]] * _BUCKET_SPREAD:
+            j += 1
+        seqs = torch.tensor(order[i:j], device=block_tables.device)
+        lens = [context_lens[k] for k in order[i:j]]
+        max_len = max(lens)
+        num_blocks = -(-max_len // block_size)
+        mask = None
+        if min(lens) != max_len:
+            positions = torch.arange(max_len, device=block_tables.device)
+            mask = (positions[None, :] < torch.tensor(lens, device=block_tables.device)[:, None])[:, None, None, :]
+        blocks = block_tables.index_select(0, seqs)[:, :num_blocks].long().flatten()
+        buckets.append(_DecodeBucket(seqs, blocks, num_blocks, max_len, mask))
+        i = j
+    return buckets
+
+
+def _decode(q, k_cache, v_cache, block_tables, context_lens: list[int], scale: float, plan=None) -> torch.Tensor:
+    """Single-query attention for each decode over its cached context.
+
+    q: [B, num_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads, head_dim]; returns q's shape.
+    The query heads that share a KV head are treated as that head's queries ([B, Hkv, group, D]), so K/V
+    are never repeated for grouped-query attention.
+    """
+    block_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    if plan is None:
+        plan = _decode_plan(block_tables, context_lens, block_size)
+    out = torch.empty_like(q)
+    group = q.shape[1] // num_kv_heads
+    for bucket in plan:
+        b = bucket.seqs.numel()
+        # index_select copies whole blocks (contiguous rows): ~3x faster on the CPU than advanced indexing
+        keys = k_cache.index_select(0, bucket.blocks).view(b, -1, num_kv_heads, head_dim)[:, : bucket.max_len]
+        values = v_cache.index_select(0, bucket.blocks).view(b, -1, num_kv_heads, head_dim)[:, : bucket.max_len]
+        bucket_out = F.scaled_dot_product_attention(
+            q.index_select(0, bucket.seqs).view(b, num_kv_heads, group, head_dim),
+            keys.transpose(1, 2),  # [b, Hkv, L, D]
+            values.transpose(1, 2),
+            attn_mask=bucket.mask,
+            scale=scale,
+        )
+        out.index_copy_(0, bucket.seqs, bucket_out.reshape(b, -1, head_dim))
+    return out
