@@ -1,0 +1,202 @@
+"""Capacity and cost of the RAG chatbot on H200, H100 and L4, at the brief's 200 users and at 10x: modelled, not
+measured (no GPU needed; `shared_engine.sim` runs the engine's own scheduler in simulated time).
+
+    python case_rag_chatbot/cost_model.py --json case_rag_chatbot/cost_model.json
+
+Workload: `workload.yaml`'s `h200` profile (closed-loop users, exponential think time, the 4,096-token shared
+system prompt, 4 retrieved chunks or a pasted document, answers of 128-384 tokens); engine: the fix
+(`the_fix/config.yaml`) with llama-3.1-8b in bf16 on the whole device (no KV cap). SLO: the brief's p95 TTFT
+<= 800 ms and p95 ITL <= 25 ms.
+
+Method, per GPU: replicas are independent (users are routed at random, so each replica sees users/replicas
+of them), so the question is how many users one replica holds within the SLO. A first check is the decode
+floor: one decode step reads all the weights, so if a single-sequence step already exceeds the ITL target no
+number of replicas meets it (the GPU is then sized for the TTFT target alone, and says so). Then up to
+`--probes` simulations of one replica (2 requests per user) bracket the capacity: a probe that fails sets the
+next guess from the throughput it saturated at (capacity ~ throughput x (think + response time)), one that
+passes steps up 25 %. Replicas = ceil(users / highest passing users per replica); $ per 1M tokens = fleet
+$/hour / tokens per hour, with the tokens per hour of the users at their simulated response time.
+GPU prices are dated inputs (the hardware profiles', or `--price GPU=USD`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import yaml
+
+CASE_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(CASE_DIR.parent))
+
+from shared_engine.config import EngineConfig  # noqa: E402
+from shared_engine.sim import Simulator, WorkloadSpec, load_hardware  # noqa: E402
+from shared_engine.sim.model_shape import resolve_arch  # noqa: E402
+
+MODEL = "llama-3.1-8b"
+GPUS = ("h200", "h100-sxm", "l4")
+# The L4 profile carries no price: a dated input, AWS g6.xlarge on-demand (1x L4), as quoted by
+# citadelcloudmanagement.com "GPU Infrastructure for AI Workloads: Cloud vs On-Prem Cost Analysis 2026".
+DEFAULT_PRICES = {"l4": (0.805, "2026", "AWS g6.xlarge (1x L4) on-demand, quoted by citadelcloudmanagement.com (2026)")}
+
+
+def load_case() -> tuple[dict, dict]:
+    """(the h200 profile of workload.yaml, the fix's engine settings)."""
+    profile = yaml.safe_load((CASE_DIR / "workload.yaml").read_text())["profiles"]["h200"]
+    fix = yaml.safe_load((CASE_DIR / "the_fix" / "config.yaml").read_text()) or {}
+    return profile, fix
+
+
+def workload_spec(profile: dict, users: int, num_requests: int) -> WorkloadSpec:
+    """The profile as a simulator workload: the request's own tokens are a RAG turn (4 chunks + question) or,
+    with `document_share`, a document turn; both after the shared system prompt."""
+    q = (profile["question_tokens"]["min"] + profile["question_tokens"]["max"]) / 2
+    rag = profile["context"]["chunks"] * profile["context"]["chunk_tokens"] + q
+    doc = (profile["document_tokens"]["min"] + profile["document_tokens"]["max"]) / 2 + q
+    share = profile["document_share"]
+    return WorkloadSpec.from_dict({
+        "name": f"rag-chatbot {users} users", "seed": 0, "num_requests": num_requests,
+        "arrival": {"process": "closed_loop", "num_users": users, "think_time_s": profile["think_time_s"]},
+        "prompt_len": {"dist": "choice", "values": [round(rag), round(doc)], "weights": [1 - share, share]},
+        "output_len": {"dist": "uniform", **profile["answer_tokens"]},
+        "prefix": {"system_prompt_len": profile["system_prompt_tokens"]},
+        "slo": {"p95_ttft_ms": profile["targets"]["p95_ttft_ms"], "p95_itl_ms": profile["targets"]["p95_itl_ms"]},
+    })
+
+
+def probe(sim: Simulator, profile: dict, users: int) -> dict:
+    spec = workload_spec(profile, users, min(600, max(100, 2 * users)))
+    s = sim.run_replicas(spec, 1).summary()
+    keep = ("request_throughput", "output_throughput", "total_token_throughput", "p95_ttft_ms", "p95_itl_ms",
+            "median_itl_ms", "mean_e2el_ms", "prefix_cache_hit_rate", "num_preemptions", "kv_cache_usage_max")
+    return {"users": users, "num_requests": spec.num_requests, **{k: s[k] for k in keep}}
+
+
+def meets(result: dict, slo: dict, itl_feasible: bool) -> bool:
+    ok = result["p95_ttft_ms"] <= slo["p95_ttft_ms"]
+    return ok and (result["p95_itl_ms"] <= slo["p95_itl_ms"] or not itl_feasible)
+
+
+def size_gpu(gpu: str, num_probes: int, prices: dict) -> dict:
+    """Capacity per replica, replicas and $ per 1M tokens for one GPU type at 1x and 10x users."""
+    profile, fix = load_case()
+    _, arch = resolve_arch(MODEL)
+    hardware = load_hardware(gpu)
+    if hardware.price_usd_per_hour is None and gpu in prices:
+        usd, date, source = prices[gpu]
+        hardware = dataclasses.replace(hardware, price_usd_per_hour=usd, price_date=date, price_source=source)
+    config = EngineConfig.from_flat(model=MODEL, max_model_len=8192, **fix)
+    sim = Simulator(config, arch, hardware)
+    slo = {"p95_ttft_ms": profile["targets"]["p95_ttft_ms"], "p95_itl_ms": profile["targets"]["p95_itl_ms"]}
+    context = profile["system_prompt_tokens"] + profile["context"]["chunks"] * profile["context"]["chunk_tokens"]
+    floor_ms = 1000 * sim.step_model.decode_floor_seconds(1, context)
+    itl_feasible = floor_ms <= slo["p95_itl_ms"]
+    think = profile["think_time_s"]["mean"]
+    probes, best, worst, guess = [], None, None, profile["users"]
+    for _ in range(num_probes):
+        result = probe(sim, profile, guess)
+        result["meets_slo"] = meets(result, slo, itl_feasible)
+        probes.append(result)
+        if result["meets_slo"]:
+            best = max(best or 0, guess)
+        else:
+            worst = min(worst or math.inf, guess)
+        if best and worst:
+            nxt = (best + worst) // 2
+        elif best:
+            nxt = int(best * 1.25)
+        else:  # saturated: the throughput it reached, at the response time the SLO allows
+            allowed_s = (slo["p95_ttft_ms"] + profile["answer_tokens"]["max"] * max(floor_ms, 10.0)) / 1000
+            nxt = max(1, min(guess - 1, int(0.9 * result["request_throughput"] * (think + allowed_s))))
+        if nxt in (best, worst) or nxt == guess:
+            break
+        guess = nxt
+    if best is None:
+        return {"gpu": hardware.name, "error": "no probe met the SLO", "probes": probes}
+    at_best = next(p for p in probes if p["users"] == best)
+    return {"gpu": hardware.name, "price_usd_per_hour": hardware.price_usd_per_hour,
+            "price_date": hardware.price_date, "price_source": hardware.price_source,
+            "decode_floor_ms": floor_ms, "itl_target_feasible": itl_feasible,
+            "users_per_replica": best, "first_failing_users": worst, "at_capacity": at_best, "probes": probes,
+            "scales": {label: fleet(users, best, at_best, profile, hardware.price_usd_per_hour)
+                       for label, users in (("1x", profile["users"]), ("10x", 10 * profile["users"]))}}
+
+
+def fleet(users: int, per_replica: int, at_capacity: dict, profile: dict, price: float | None) -> dict:
+    """Replicas for `users`, and the fleet's $ per 1M tokens at their request rate (users / (think + E2E))."""
+    replicas = math.ceil(users / per_replica)
+    rate = users / (profile["think_time_s"]["mean"] + at_capacity["mean_e2el_ms"] / 1000)
+    per_request = at_capacity["output_throughput"] / max(at_capacity["request_throughput"], 1e-9)
+    total_per_request = at_capacity["total_token_throughput"] / max(at_capacity["request_throughput"], 1e-9)
+    out = {"users": users, "replicas": replicas, "request_rate": rate,
+           "output_tokens_per_hour": rate * per_request * 3600}
+    if price is None:
+        return out | {"fleet_usd_per_hour": None, "usd_per_1m_output_tokens": None, "usd_per_1m_total_tokens": None}
+    usd = price * replicas
+    return out | {"fleet_usd_per_hour": usd,
+                  "usd_per_1m_output_tokens": usd / (rate * per_request * 3600 / 1e6),
+                  "usd_per_1m_total_tokens": usd / (rate * total_per_request * 3600 / 1e6)}
+
+
+def table(report: dict) -> str:
+    lines = [f"RAG chatbot capacity (modelled, not measured): {MODEL} bf16, the fix's engine config, "
+             f"SLO p95 TTFT <= {report['slo']['p95_ttft_ms']} ms, p95 ITL <= {report['slo']['p95_itl_ms']} ms",
+             f"{'GPU':<10}{'$/h':>7}{'users/replica':>15}{'decode floor':>14}{'scale':>7}{'users':>7}"
+             f"{'replicas':>10}{'fleet $/h':>11}{'$/1M out':>10}{'$/1M total':>12}"]
+    for r in report["gpus"]:
+        if "error" in r:
+            lines.append(f"{r['gpu']:<10} {r['error']}")
+            continue
+        for label, s in r["scales"].items():
+            money = [f"{s[k]:.2f}" if s[k] is not None else "n/a" for k in
+                     ("fleet_usd_per_hour", "usd_per_1m_output_tokens", "usd_per_1m_total_tokens")]
+            floor = f"{r['decode_floor_ms']:.1f} ms" + ("" if r["itl_target_feasible"] else "*")
+            lines.append(f"{r['gpu']:<10}{r['price_usd_per_hour'] or 0:>7.2f}{r['users_per_replica']:>15}"
+                         f"{floor:>14}{label:>7}{s['users']:>7}{s['replicas']:>10}{money[0]:>11}{money[1]:>10}"
+                         f"{money[2]:>12}")
+    if any(not r.get("itl_target_feasible", True) for r in report["gpus"]):
+        lines.append("* the single-sequence decode step alone exceeds the ITL target: no replica count meets it; "
+                     "sized for the TTFT target only")
+    lines.append(f"simulated in {report['wall_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpus", default=",".join(GPUS))
+    p.add_argument("--probes", type=int, default=3, help="simulations per GPU (capacity bracketing)")
+    p.add_argument("--price", action="append", default=[], help="GPU=USD per hour, overriding the profile's")
+    p.add_argument("--jobs", type=int, default=2, help="GPUs simulated in parallel processes")
+    p.add_argument("--json", type=Path, help="write the report here")
+    args = p.parse_args(argv)
+    started = time.perf_counter()
+    prices = dict(DEFAULT_PRICES)
+    for item in args.price:
+        gpu, usd = item.split("=", 1)
+        prices[gpu] = (float(usd), "user input", "given on the command line")
+    gpus = args.gpus.split(",")
+    if args.jobs > 1:
+        with ProcessPoolExecutor(min(args.jobs, len(gpus))) as pool:
+            results = list(pool.map(size_gpu, gpus, [args.probes] * len(gpus), [prices] * len(gpus)))
+    else:
+        results = [size_gpu(g, args.probes, prices) for g in gpus]
+    profile, fix = load_case()
+    report = {"what": "modelled with shared_engine.sim (the engine's scheduler in simulated time), not measured",
+              "command": "python " + " ".join([str(Path(sys.argv[0]))] + sys.argv[1:]),
+              "model": MODEL, "engine_config": {"model": MODEL, "max_model_len": 8192, **fix},
+              "workload_profile": profile, "slo": {k: profile["targets"][k] for k in ("p95_ttft_ms", "p95_itl_ms")},
+              "gpus": results, "wall_s": time.perf_counter() - started}
+    print(table(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
