@@ -36,6 +36,11 @@ def app_builder():
     return builder
 
 
+def builder_name(builder=None) -> str:
+    builder = builder or app_builder()
+    return f"{builder.__module__}.{builder.__qualname__}"
+
+
 def segment_order(context_first: bool, builder=None) -> tuple[str, ...]:
     """The order ("system", "context", "question") in which `builder` places the three parts."""
     builder = builder or app_builder()

@@ -35,7 +35,7 @@ import httpx  # noqa: E402
 from case_workload import CASE_DIR, WORKLOAD_FILE, RequestSampler, load_profile, load_variant  # noqa: E402
 from closed_loop import LoadShape, idle_reference, run_load  # noqa: E402
 from engine_server import EngineServer  # noqa: E402
-from prompt_builder import segment_order  # noqa: E402
+from prompt_builder import builder_name, segment_order  # noqa: E402
 from summary import check_targets, engine_summary, latency_summary, system_prompt_hits  # noqa: E402
 
 
@@ -83,6 +83,7 @@ def measure(base_url: str, profile, variant: dict, shape: LoadShape, seed: int) 
     summary["engine"] = engine_summary(result.metrics_start, result.metrics_end, result.timeseries, window,
                                        len(result.records))
     return {"started_unix": started, "model": card, "engine_config": engine_config, "prompt_order": list(order),
+            "prompt_builder": builder_name(),
             "load": dataclasses.asdict(shape), "idle_reference": reference, "summary": summary,
             "timeseries": result.timeseries,
             "requests": [{"kind": r.kind, "user": r.user, "start_s": round(r.start_s, 3),

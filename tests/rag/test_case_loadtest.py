@@ -1,0 +1,123 @@
+"""The case benchmark (`case_rag_chatbot/loadtest/run_case.py`): prompt order read from the app's builder,
+token-id prompts, hit-rate arithmetic, metrics parsing, and one short closed-loop run against a real server
+that writes a complete results file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+LOADTEST = REPO / "case_rag_chatbot" / "loadtest"
+sys.path.insert(0, str(LOADTEST))
+
+from case_workload import RequestSampler, load_profile, load_variant  # noqa: E402
+from engine_client import RequestRecord, iteration_histogram, parse_metrics  # noqa: E402
+from prompt_builder import build_messages, segment_order  # noqa: E402
+from summary import engine_summary, system_prompt_hits  # noqa: E402
+
+
+@pytest.mark.parametrize("builder", [None, build_messages], ids=["app", "local"])
+def test_segment_order_follows_the_builder(builder):
+    assert segment_order(False, builder) == ("system", "context", "question")
+    assert segment_order(True, builder) == ("context", "system", "question")
+
+
+def test_variants_name_their_order_and_config():
+    fix, first = load_variant("the_fix", "h200"), load_variant("first_attempt", "cpu")
+    assert fix["context_first"] is False and first["context_first"] is True
+    assert fix["config"].exists() and first["config"].exists()
+    settings = yaml.safe_load(fix["config"].read_text())
+    assert settings["max_num_batched_tokens"] < yaml.safe_load(first["config"].read_text())["max_num_batched_tokens"]
+
+
+@pytest.mark.parametrize("order", [("system", "context", "question"), ("context", "system", "question")])
+def test_sampler_lays_out_segments(order):
+    profile = load_profile("cpu")
+    sampler = RequestSampler(profile, 49152, order, seed=0)
+    rng = np.random.default_rng(1)
+    kinds = set()
+    for _ in range(50):
+        r = sampler.sample(rng)
+        kinds.add(r.kind)
+        assert r.prompt[r.system_offset:r.system_offset + r.system_tokens] == sampler.system
+        assert (r.system_offset == 0) == (order[0] == "system")
+        assert len(r.prompt) + r.max_tokens <= sampler.max_request_tokens()
+        assert profile.answer_tokens.min <= r.max_tokens <= profile.answer_tokens.max
+    assert kinds == {"rag", "document"}
+
+
+def test_system_hit_tokens_counts_full_blocks_only():
+    rec = RequestRecord("rag", 0, 0.0, 100, 4, system_offset=0, system_tokens=40, ttft_s=1.0)
+    rec.cached_tokens = 32
+    assert rec.system_hit_tokens(16) == (32, 32)  # 40 tokens: 2 full blocks are cacheable
+    rec.cached_tokens = 80  # the hit ran on into the context
+    assert rec.system_hit_tokens(16) == (32, 32)
+    late = RequestRecord("rag", 0, 0.0, 100, 4, system_offset=20, system_tokens=40)
+    late.cached_tokens = 0
+    assert late.system_hit_tokens(16) == (0, 28)  # blocks end at 48: positions 20..47
+    late.ttft_s = 1.0
+    assert system_prompt_hits([rec, late], 16)["system_prompt_hit_rate"] == pytest.approx(32 / 60)
+
+
+METRICS = """# HELP vllm:num_requests_waiting x
+vllm:num_requests_waiting{model_name="m"} 3.0
+vllm:prefix_cache_queries_total{model_name="m"} 1000.0
+vllm:prefix_cache_hits_total{model_name="m"} 900.0
+vllm:prompt_tokens_total{model_name="m"} 100.0
+vllm:iteration_tokens_total_bucket{le="1.0",model_name="m"} 4.0
+vllm:iteration_tokens_total_bucket{le="64.0",model_name="m"} 6.0
+vllm:iteration_tokens_total_bucket{le="+Inf",model_name="m"} 7.0
+"""
+
+
+def test_metrics_parsing_and_window_deltas():
+    end = parse_metrics(METRICS)
+    assert end["vllm:num_requests_waiting"] == 3.0
+    assert iteration_histogram(end) == {"1.0": 4.0, "64.0": 6.0, "+Inf": 7.0}
+    start = {"vllm:prefix_cache_queries_total": 500.0, "vllm:prefix_cache_hits_total": 400.0}
+    series = {"t_s": [0.0, 1.0], "vllm:num_requests_running": [1, 2], "vllm:num_requests_waiting": [0, 3],
+              "vllm:kv_cache_usage_perc": [0.1, 0.5]}
+    e = engine_summary(start, end, series, (0.0, 1.0), num_requests=10)
+    assert e["prefix_cache_hit_rate"] == pytest.approx((900 - 400) / (1000 - 500))
+    assert e["steps_by_tokens_le"] == {"1.0": 4.0, "64.0": 2.0, "+Inf": 1.0} and e["num_steps"] == 7.0
+    assert e["max_num_requests_waiting"] == 3 and e["prefill_tokens_computed_per_request"] == 10.0
+
+
+def test_run_case_writes_a_complete_results_file(tmp_path):
+    workload = yaml.safe_load((REPO / "case_rag_chatbot" / "workload.yaml").read_text())
+    workload["profiles"] = {"tiny": {
+        "users": 2, "think_time_s": {"dist": "exponential", "mean": 0.3}, "system_prompt_tokens": 64,
+        "context": {"chunks": 2, "chunk_tokens": 8, "corpus_chunks": 20}, "question_tokens": {"min": 4, "max": 8},
+        "answer_tokens": {"min": 3, "max": 5}, "document_share": 0.2, "document_tokens": {"min": 16, "max": 32},
+        "warmup_s": 3, "duration_s": 12, "engine": {"max_model_len": 256, "num_gpu_blocks_override": 64},
+        "targets": {"p95_ttft_ms": 60000, "p95_itl_ms": 60000, "min_system_prompt_hit_rate": 0.5}}}
+    for variant in workload["variants"].values():
+        variant["config"]["tiny"] = variant["config"]["cpu"]
+    path = tmp_path / "workload.yaml"
+    path.write_text(yaml.safe_dump(workload))
+    out = tmp_path / "results_tiny.json"
+    cmd = [sys.executable, str(LOADTEST / "run_case.py"), "--workload", str(path), "--profile", "tiny",
+           "--variant", "the_fix", "--drain-s", "30", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    for key in ("hardware", "commit", "command", "server_command", "engine_config", "config_yaml", "workload",
+                "idle_reference", "timeseries", "requests", "engine_log_stats_lines"):
+        assert key in r, key
+    s = r["summary"]
+    assert s["completed"] > 0 and s["failed"] == 0, s["errors"]
+    assert r["prompt_order"] == ["system", "context", "question"]
+    assert r["engine_config"]["max_num_batched_tokens"] == 32  # the fix's CPU config reached the server
+    assert s["system_prompt_hit_rate"] > 0.5 and s["targets_met"]["all"]
+    for key in ("p50", "p95", "p99"):
+        name = "median" if key == "p50" else key
+        assert s[f"{name}_ttft_ms"] > 0 and f"{name}_itl_ms" in s
+    assert len(s["ttft_quantiles_ms"]) == 101
+    assert s["engine"]["num_steps"] > 0 and s["engine"]["prefix_cache_hit_rate"] > 0
