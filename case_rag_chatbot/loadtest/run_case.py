@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -150,6 +151,7 @@ def main(argv=None) -> int:
         "command": "python " + " ".join([str(Path(sys.argv[0]))] + sys.argv[1:]),
         "server_command": server.command if server else f"(running server at {base_url})",
         **environment(),
+        "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM")},
         "config_file": str(variant["config"].relative_to(CASE_DIR)),
         "config_yaml": variant["config"].read_text(), "context_first": variant["context_first"],
         "profile_engine_flags": profile.engine, "serve_args": serve_args,
