@@ -85,7 +85,9 @@ def engine_summary(start: dict, end: dict, series: dict, window: tuple[float, fl
         values = np.asarray(series.get(name, []))[inside] if inside.any() else np.zeros(1)
         short = name.split(":", 1)[1]
         gauges[f"mean_{short}"], gauges[f"max_{short}"] = float(values.mean()), float(values.max())
+    gaps = np.diff(t) if t.size > 1 else np.zeros(1)
     return {
+        "max_scrape_gap_s": float(gaps.max()),  # >> the scrape interval: the client or server was starved/paused
         "counters_delta": delta,
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "prefill_tokens_computed": delta["vllm:prompt_tokens_total"],
