@@ -163,6 +163,19 @@ def fleet(users: int, per_replica: int, at_capacity: dict, profile: dict, price:
                   "usd_per_1m_total_tokens": usd / (rate * total_per_request * 3600 / 1e6)}
 
 
+def budget_sweep(gpu: str, budgets: list[int]) -> list[dict]:
+    """The fix's config at the brief's users on one replica, with each `max_num_batched_tokens`: what sizes
+    the budget (a bigger chunk makes every step that carries one longer, and every decode waits for it)."""
+    profile, fix = load_case()
+    _, arch = resolve_arch(MODEL)
+    out = []
+    for budget in budgets:
+        config = EngineConfig.from_flat(model=MODEL, max_model_len=8192, **{**fix, "max_num_batched_tokens": budget})
+        result = probe(Simulator(config, arch, load_hardware(gpu)), profile, profile["users"])
+        out.append({"gpu": gpu, "max_num_batched_tokens": budget, **result})
+    return out
+
+
 def table(report: dict) -> str:
     lines = [f"RAG chatbot capacity (modelled, not measured): {MODEL} bf16, the fix's engine config, "
              f"SLO p95 TTFT <= {report['slo']['p95_ttft_ms']} ms, p95 ITL <= {report['slo']['p95_itl_ms']} ms",
@@ -185,6 +198,9 @@ def table(report: dict) -> str:
                    if not r["itl_target_feasible"] else "no load met it")
             lines.append(f"* {r['gpu']} cannot meet the brief's SLO at any replica count ({why}); sized for "
                          f"{r['slo_used']} instead")
+    for b in report.get("budget_sweep", []):
+        lines.append(f"{b['gpu']}, {b['users']} users, max_num_batched_tokens {b['max_num_batched_tokens']}: p95 TTFT "
+                     f"{b['p95_ttft_ms']:.0f} ms, p95 ITL {b['p95_itl_ms']:.1f} ms")
     lines.append(f"simulated in {report['wall_s']:.1f} s")
     return "\n".join(lines)
 
@@ -195,6 +211,8 @@ def main(argv=None) -> int:
     p.add_argument("--probes", type=int, default=3, help="simulations per GPU and SLO (capacity bracketing)")
     p.add_argument("--price", action="append", default=[], help="GPU=USD per hour, overriding the profile's")
     p.add_argument("--jobs", type=int, default=2, help="GPUs simulated in parallel processes")
+    p.add_argument("--budget-sweep", help="also simulate these max_num_batched_tokens on the first GPU at the "
+                   "brief's users, e.g. 512,1024,2048")
     p.add_argument("--json", type=Path, help="write the report here")
     args = p.parse_args(argv)
     started = time.perf_counter()
@@ -213,7 +231,10 @@ def main(argv=None) -> int:
               "command": "python " + " ".join([str(Path(sys.argv[0]))] + sys.argv[1:]),
               "model": MODEL, "engine_config": {"model": MODEL, "max_model_len": 8192, **fix},
               "workload_profile": profile, "slo": {k: profile["targets"][k] for k in ("p95_ttft_ms", "p95_itl_ms")},
-              "gpus": results, "wall_s": time.perf_counter() - started}
+              "gpus": results}
+    if args.budget_sweep:
+        report["budget_sweep"] = budget_sweep(gpus[0], [int(b) for b in args.budget_sweep.split(",")])
+    report["wall_s"] = time.perf_counter() - started
     print(table(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str) + "\n")
