@@ -1,6 +1,7 @@
 """The case benchmark (`case_rag_chatbot/loadtest/run_case.py`): prompt order read from the app's builder,
 token-id prompts, hit-rate arithmetic, metrics parsing, and one short closed-loop run against a real server
-that writes a complete results file."""
+that writes a complete results file. That run uses a shape preset with dummy weights, as the H200 run does
+(`llama-3.1-8b`), so the stand-in tokenizer that makes such a server stream per token is exercised too."""
 
 from __future__ import annotations
 
@@ -96,7 +97,9 @@ def test_run_case_writes_a_complete_results_file(tmp_path):
         "users": 2, "think_time_s": {"dist": "exponential", "mean": 0.3}, "system_prompt_tokens": 64,
         "context": {"chunks": 2, "chunk_tokens": 8, "corpus_chunks": 20}, "question_tokens": {"min": 4, "max": 8},
         "answer_tokens": {"min": 3, "max": 5}, "document_share": 0.2, "document_tokens": {"min": 16, "max": 32},
-        "warmup_s": 3, "duration_s": 12, "engine": {"max_model_len": 256, "num_gpu_blocks_override": 64},
+        "warmup_s": 3, "duration_s": 12,
+        "engine": {"model": "smollm2-135m", "load_format": "dummy", "max_model_len": 256,
+                   "num_gpu_blocks_override": 64},
         "targets": {"p95_ttft_ms": 60000, "p95_itl_ms": 60000, "min_system_prompt_hit_rate": 0.5}}}
     for variant in workload["variants"].values():
         variant["config"]["tiny"] = variant["config"]["cpu"]
@@ -119,5 +122,6 @@ def test_run_case_writes_a_complete_results_file(tmp_path):
     for key in ("p50", "p95", "p99"):
         name = "median" if key == "p50" else key
         assert s[f"{name}_ttft_ms"] > 0 and f"{name}_itl_ms" in s
-    assert len(s["ttft_quantiles_ms"]) == 101
+    assert len(s["ttft_quantiles_ms"]) == 101 and len(s["itl_quantiles_ms"]) == 101  # streamed per token
+    assert r["model"]["root"] == "smollm2-135m" and "--tokenizer" in r["server_command"]
     assert s["engine"]["num_steps"] > 0 and s["engine"]["prefix_cache_hit_rate"] > 0
