@@ -82,10 +82,11 @@ def hf_model(args, source):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    # the same device our engine picks by default: CUDA when present (never a silent CPU baseline on a GPU host)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
-        args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+        args.dtype or ("bfloat16" if device == "cuda" else "float32"))
     attn = {"generate_batch": "paged|sdpa"}.get(args.hf_mode, "sdpa")
-    device = args.device or "cpu"
     if source.path is None:  # a shape preset: random weights of the real shapes, built on the device
         config = AutoConfig.for_model(**{k: v for k, v in source.config.items() if k != "architectures"})
         with torch.device(device):
@@ -117,7 +118,8 @@ def run_transformers(args, prompts, out_lens, source) -> dict:
                                min_new_tokens=max(lens), do_sample=False, pad_token_id=0)
         useful = sum(out_lens)
     elapsed = time.perf_counter() - started
-    return {"mode": args.hf_mode, "num_requests": count, "elapsed_s": elapsed, "output_tokens": useful,
+    return {"mode": args.hf_mode, "device": str(model.device), "dtype": str(model.dtype), "num_requests": count,
+            "elapsed_s": elapsed, "output_tokens": useful,
             "output_throughput": useful / elapsed, "batch_size": args.hf_batch_size,
             "attn_implementation": model.config._attn_implementation}
 
@@ -158,12 +160,18 @@ def parse_args():
     p.add_argument("--roofline", action="store_true", help="CUDA: measure ceilings and state the bound")
     p.add_argument("--hf-only", action="store_true", help="run only the transformers baseline")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace-every", type=float, default=None,
+                   help="print every thread's Python stack to stderr every S seconds (to see where a run hangs)")
     p.add_argument("--out", type=Path, required=True, help="results JSON path")
     return p.parse_args()
 
 
 def main() -> None:
     args = parse_args()
+    if args.trace_every:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.trace_every, repeat=True)
     prompts, out_lens = workload(args)
     results = {"benchmark": "offline_throughput", **environment(), "command": " ".join(sys.argv),
                "workload": {k: getattr(args, k) for k in ("num_requests", "input_len_min", "input_len_max",

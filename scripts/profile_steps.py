@@ -68,8 +68,8 @@ class StepRecorder:
         self._last = None
         original = engine.scheduler.schedule
 
-        def schedule():
-            self._last = original()
+        def schedule(*args, **kwargs):
+            self._last = original(*args, **kwargs)
             return self._last
 
         engine.scheduler.schedule = schedule
@@ -107,19 +107,24 @@ def scenarios(budget: int, max_len: int, quick: bool, gpu: bool = False) -> list
     """(name, requests at once [(prompt, output)], requests added after two steps).
 
     CPU: sized for a few minutes on 2 cores (decode batches up to 48 at short context, up to 16 at 384
-    tokens, one long-context pair). GPU: batches up to 256 and contexts up to 4k. Both end with decodes
+    tokens, one long-context pair). GPU: batches up to 448 and contexts up to 4k. Both end with decodes
     mixed with a prefill chunk."""
     lengths = [16, 64, 128, 256, 512, 1024] + ([2048, 4096, 8192] if gpu else []) if not quick else [16, 128]
     cases = [(f"prefill-{n}", [(n, 1)], []) for n in lengths if n <= min(budget, max_len - 1)]
     grid = [(32, [1, 2, 4, 8, 16, 32, 48]), (384, [1, 4, 16]), (1024, [2])] if not quick else [(32, [1, 4])]
-    if gpu and not quick:
-        grid = [(128, [1, 8, 32, 64, 128, 256]), (1024, [1, 16, 64, 128]), (4000, [4, 16])]
+    if gpu and not quick:  # up to the offline benchmarks' shapes: 448 decodes at 2k context, 8k-token chunks
+        grid = [(128, [1, 8, 32, 64, 128, 256, 448]), (1024, [1, 16, 64, 128, 256, 448]), (2000, [64, 448]),
+                (4000, [4, 16])]
     for ctx, batches in grid:
         for b in batches:
             cases.append((f"decode-b{b}-ctx{ctx}", [(ctx, 12)] * b, []))
     if not quick:
-        for b, p in [(8, 256), (16, 128), (4, 512)]:
-            cases.append((f"mixed-b{b}-prefill{p}", [(48, 10)] * b, [(p, 2)]))
+        mixed = [(8, 256), (16, 128), (4, 512)]
+        if gpu:
+            mixed += [(64, 2048), (256, 4096), (256, 8192)]
+        for b, p in mixed:
+            if p <= budget:
+                cases.append((f"mixed-b{b}-prefill{p}", [(48, 10)] * b, [(p, 2)]))
     return cases
 
 

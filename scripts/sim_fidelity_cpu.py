@@ -101,8 +101,8 @@ class StepLog:
         self.engine, self.pairs, self._out = engine, [], None
         original = engine.scheduler.schedule
 
-        def schedule():
-            self._out = original()
+        def schedule(*args, **kwargs):
+            self._out = original(*args, **kwargs)
             return self._out
 
         engine.scheduler.schedule = schedule
