@@ -12,10 +12,10 @@ step() { echo "== $1 ($(date +%T))"; }
 
 step "step profile llama-3.1-8b"
 timeout 200 $PY scripts/profile_steps.py --model llama-3.1-8b --load-format dummy --max-num-seqs 512 \
-  --max-num-batched-tokens 8192 --max-model-len 4096 --out "$OUT/h200_llama-3.1-8b.json" 2>&1 | tail -3
+  --max-num-batched-tokens 8192 --max-model-len 8200 --out "$OUT/h200_llama-3.1-8b.json" 2>&1 | tail -3
 step "step profile qwen3-0.6b"
 timeout 120 $PY scripts/profile_steps.py --model qwen3-0.6b --load-format dummy --max-num-seqs 512 \
-  --max-num-batched-tokens 8192 --max-model-len 4096 --out "$OUT/h200_qwen3-0.6b.json" 2>&1 | tail -3
+  --max-num-batched-tokens 8192 --max-model-len 8200 --out "$OUT/h200_qwen3-0.6b.json" 2>&1 | tail -3
 
 step "offline llama-3.1-8b 1000 x (1000 in, 1000 out)"
 timeout 220 $PY scripts/bench_offline.py --model llama-3.1-8b --load-format dummy --input-len-min 1000 \

@@ -121,9 +121,9 @@ def scenarios(budget: int, max_len: int, quick: bool, gpu: bool = False) -> list
     if not quick:
         mixed = [(8, 256), (16, 128), (4, 512)]
         if gpu:
-            mixed += [(64, 2048), (256, 4096), (256, 8192)]
+            mixed += [(64, 2048), (256, 4000), (256, 8000)]
         for b, p in mixed:
-            if p <= budget:
+            if p <= budget and p + 2 <= max_len:
                 cases.append((f"mixed-b{b}-prefill{p}", [(48, 10)] * b, [(p, 2)]))
     return cases
 
