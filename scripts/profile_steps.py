@@ -113,7 +113,7 @@ def scenarios(budget: int, max_len: int, quick: bool, gpu: bool = False) -> list
     cases = [(f"prefill-{n}", [(n, 1)], []) for n in lengths if n <= min(budget, max_len - 1)]
     grid = [(32, [1, 2, 4, 8, 16, 32, 48]), (384, [1, 4, 16]), (1024, [2])] if not quick else [(32, [1, 4])]
     if gpu and not quick:  # up to the offline benchmarks' shapes: 448 decodes at 2k context, 8k-token chunks
-        grid = [(128, [1, 8, 32, 64, 128, 256, 448]), (1024, [1, 16, 64, 128, 256, 448]), (2000, [64, 448]),
+        grid = [(128, [1, 8, 32, 64, 128, 256, 448]), (1024, [1, 16, 64, 128, 256, 448]), (2000, [64, 384]),
                 (4000, [4, 16])]
     for ctx, batches in grid:
         for b in batches:
