@@ -74,8 +74,9 @@ class BlockManager:
 
     def num_new_blocks(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0) -> int:
         """Blocks to add so that `num_computed_tokens + num_new_tokens (+ lookahead)` positions have slots."""
-        needed = self.blocks_for_tokens(request.num_computed_tokens + num_new_tokens + num_lookahead_tokens)
-        return max(0, needed - len(self.block_tables.get(request.request_id, ())))
+        needed = -(-(request.num_computed_tokens + num_new_tokens + num_lookahead_tokens) // self.block_size)
+        held = len(self.block_tables.get(request.request_id, ()))
+        return needed - held if needed > held else 0
 
     def get_block_table(self, request_id: str) -> list[int]:
         return self.block_tables.get(request_id, [])
@@ -146,11 +147,14 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         rid = request.request_id
+        start = self._num_registered.get(rid, 0)
+        num_full = request.num_computed_tokens // self.block_size
+        if num_full <= start:
+            return  # no block filled up since the last call: most decode steps
         table = self.block_tables.get(rid)
         if table is None:
             return
-        num_full = min(request.num_computed_tokens // self.block_size, len(table))
-        start = self._num_registered.get(rid, 0)
+        num_full = min(num_full, len(table))
         if num_full <= start:
             return
         hashes = self._hashes(request, num_full)

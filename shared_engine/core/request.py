@@ -74,11 +74,12 @@ class Request:
     @property
     def num_remaining_tokens(self) -> int:
         """Tokens not yet in the KV cache (the whole prompt before its first step, 1 while decoding)."""
-        return self.num_tokens - self.num_computed_tokens
+        # `num_tokens` spelled out: the scheduler reads this twice per running request per step
+        return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_computed_tokens
 
     @property
     def is_finished(self) -> bool:
-        return self.status.finished
+        return self.status._finished  # `RequestStatus.finished` without a second property call
 
     def token_ids_slice(self, start: int, end: int) -> list[int]:
         """Token ids at positions [start, end) of prompt + output."""
@@ -97,17 +98,18 @@ class Request:
 
     def check_stop(self, max_model_len: int) -> RequestStatus | None:
         """Decide, after a token was appended, whether the request is done (stop token, EOS or length)."""
-        if not self.output_token_ids:
+        num_output = len(self.output_token_ids)  # read once: this runs for every request at every step
+        if not num_output:
             return None
         last = self.output_token_ids[-1]
         params = self.sampling_params
-        if self.num_output_tokens >= params.min_tokens:
+        if num_output >= params.min_tokens:
             if not params.ignore_eos and last in self.eos_token_ids:
                 self.stop_reason = None
                 return RequestStatus.FINISHED_STOPPED
             if last in params.stop_token_ids:
                 self.stop_reason = last
                 return RequestStatus.FINISHED_STOPPED
-        if self.num_output_tokens >= self.max_tokens or self.num_tokens >= max_model_len:
+        if num_output >= self.max_tokens or len(self.prompt_token_ids) + num_output >= max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None

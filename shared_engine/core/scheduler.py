@@ -21,6 +21,11 @@ from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutpu
 _ADMISSION_WATERMARK = 0.01
 
 
+def _decodes_first(request: Request) -> tuple[bool, int]:
+    """Running requests' order in a step: decodes first, then partial prefills; each group in arrival order."""
+    return request.num_remaining_tokens > 1, request.arrival_order
+
+
 def build_scheduler(config, num_blocks: int, max_model_len: int) -> Scheduler:
     """The scheduler and block manager for an `EngineConfig`, built one way for the engine and the capacity
     model alike (so the simulator can never drift from what the engine decides)."""
@@ -75,26 +80,26 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.token_budget
         scheduled_ids: set[str] = set()
-        # Decodes first, then partial prefills; each group in arrival order.
-        order = sorted(self.running, key=lambda r: (r.num_remaining_tokens > 1, r.arrival_order))
-        for request in order:
+        num_new_blocks = self.block_manager.num_new_blocks
+        for request in sorted(self.running, key=_decodes_first):
             if budget == 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(request.num_remaining_tokens, budget)
-            if not self._reserve(request, num_new, scheduled_ids, out):
+            remaining = request.num_remaining_tokens
+            num_new = min(remaining, budget)
+            # The common decode step needs no new block: the current one still has a free slot.
+            if num_new_blocks(request, num_new) and not self._reserve(request, num_new, scheduled_ids, out):
                 continue
-            self._add(out, request, num_new, scheduled_ids)
+            self._add(out, request, num_new, num_new == remaining, scheduled_ids)
             budget -= num_new
         if not out.preempted_request_ids:
             budget = self._admit_waiting(out, budget, scheduled_ids)
         return out
 
     def _reserve(self, request: Request, num_new: int, scheduled_ids: set[str], out: SchedulerOutput) -> bool:
-        """Make room for `num_new` tokens of a running request, preempting newer requests if needed."""
-        if self.block_manager.num_new_blocks(request, num_new) == 0:
-            return True  # the common decode step: the current block still has a free slot
+        """Allocate the blocks `num_new` more tokens of a running request need, preempting newer requests
+        while the pool is short. False when the request itself was preempted."""
         while not self.block_manager.can_allocate(request, num_new):
             victim = max(
                 (r for r in self.running if r.request_id not in scheduled_ids),
@@ -116,7 +121,7 @@ class Scheduler:
                 deferred.append(self.waiting.popleft())  # its prefix is being computed: reuse it next step
                 continue
             num_cached_tokens = len(cached) * bm.block_size
-            num_new = request.num_tokens - num_cached_tokens
+            num_uncached = num_new = request.num_tokens - num_cached_tokens
             if num_new > budget:
                 if not self.config.enable_chunked_prefill:
                     break
@@ -136,7 +141,7 @@ class Scheduler:
             request.num_computed_tokens = num_cached_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            self._add(out, request, num_new, scheduled_ids)
+            self._add(out, request, num_new, num_new == num_uncached, scheduled_ids)
             budget -= num_new
         self.waiting.extendleft(reversed(deferred))
         return budget
@@ -148,17 +153,15 @@ class Scheduler:
         needed = bm.blocks_for_tokens(len(cached) * bm.block_size + num_new) - len(cached) + revived
         return needed + self._watermark_blocks <= bm.num_free_blocks
 
-    def _add(self, out: SchedulerOutput, request: Request, num_new: int, scheduled_ids: set[str]) -> None:
+    def _add(self, out: SchedulerOutput, request: Request, num_new: int, needs_sample: bool,
+             scheduled_ids: set[str]) -> None:
+        """Schedule tokens [num_computed_tokens, + num_new) of the request; `needs_sample` when they reach
+        its last known token."""
         start = request.num_computed_tokens
-        out.scheduled.append(
-            ScheduledRequest(
-                request=request,
-                token_ids=request.token_ids_slice(start, start + num_new),
-                start_position=start,
-                block_table=self.block_manager.get_block_table(request.request_id),
-                needs_sample=start + num_new == request.num_tokens,
-            )
-        )
+        token_ids = request.token_ids_slice(start, start + num_new)
+        block_table = self.block_manager.get_block_table(request.request_id)
+        # positional arguments: one of these is built per request per step
+        out.scheduled.append(ScheduledRequest(request, token_ids, start, block_table, needs_sample))
         out.num_batched_tokens += num_new
         scheduled_ids.add(request.request_id)
 
@@ -182,12 +185,13 @@ class Scheduler:
         that were updated (got a token or finished) in this step.
         """
         updated = []
+        cache_computed_blocks = self.block_manager.cache_computed_blocks
         for item in out.scheduled:
             request = item.request
             if request.is_finished:
                 continue  # aborted while the step ran
-            request.num_computed_tokens += item.num_new_tokens
-            self.block_manager.cache_computed_blocks(request)
+            request.num_computed_tokens += len(item.token_ids)
+            cache_computed_blocks(request)
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
             token = sampled.get(request.request_id)

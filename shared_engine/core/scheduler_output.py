@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from shared_engine.core.request import Request
 
 
-@dataclass
+@dataclass(slots=True)  # slots: one of these is built per request per step
 class ScheduledRequest:
     """One request's share of a step: tokens at positions [start_position, start_position + len(token_ids)).
 

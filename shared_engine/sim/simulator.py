@@ -108,23 +108,25 @@ class Simulator:
                 self._stalled(scheduler, workload)
                 now = workload.peek_time()
                 continue
-            num_tokens = num_sampled = ctx = pairs = 0
+            # One pass over the step: the roofline's totals, the dummy tokens, the sampling requests' last
+            # token times (for ITL).
+            starts = pairs = 0
             sampled = {}
+            last_token_times = []
             for item in out.scheduled:
                 n = len(item.token_ids)
                 start = item.start_position
-                num_tokens += n
-                ctx += start + n
+                starts += start
                 pairs += n * start + (n * (n + 1) >> 1)
                 if item.needs_sample:
-                    num_sampled += 1
-                    sampled[item.request.request_id] = DUMMY_TOKEN_ID
-            step_s = seconds(len(out.scheduled), num_tokens, num_sampled, ctx, pairs)
+                    request = item.request
+                    sampled[request.request_id] = DUMMY_TOKEN_ID
+                    if request.last_token_time is not None:
+                        last_token_times.append(request.last_token_time)
+            num_tokens = out.num_batched_tokens
+            step_s = seconds(len(out.scheduled), num_tokens, len(sampled), starts + num_tokens, pairs)
             now += step_s
-            for item in out.scheduled:
-                request = item.request
-                if item.needs_sample and request.last_token_time is not None:
-                    itl.append(now - request.last_token_time)
+            itl.extend([now - t for t in last_token_times])
             updated = scheduler.update_from_output(out, sampled, now)
             metrics.on_step(step_s, block_manager.usage, len(out.preempted_request_ids))
             if on_step is not None:
