@@ -47,6 +47,9 @@ ROWS = [  # (label, getter, formatter)
     ("TTFT median", lambda r: r["summary"]["median_ttft_ms"], _ms),
     ("**TTFT p95**", lambda r: r["summary"]["p95_ttft_ms"], _ms),
     ("TTFT p99", lambda r: r["summary"]["p99_ttft_ms"], _ms),
+    ("TTFT p95, RAG / document requests", lambda r: (r["summary"]["ttft_by_kind_rag"]["p95_ttft_ms"],
+                                                     r["summary"]["ttft_by_kind_document"]),
+     lambda v: f"{_ms(v[0])} / " + (_ms(v[1]["p95_ttft_ms"]) if v[1]["count"] else "none finished")),
     ("ITL median", lambda r: r["summary"]["median_itl_ms"], _ms),
     ("**ITL p95**", lambda r: r["summary"]["p95_itl_ms"], _ms),
     ("ITL p99", lambda r: r["summary"]["p99_itl_ms"], _ms),
@@ -56,9 +59,13 @@ ROWS = [  # (label, getter, formatter)
      lambda v: f"{v:.1%}"),
     ("Prefix cache hit rate, all prompt tokens (`vllm:prefix_cache_hits/queries`)",
      lambda r: r["summary"]["engine"]["prefix_cache_hit_rate"], lambda v: f"{v:.1%}"),
-    ("Prompt tokens per request, sent / prefilled (`vllm:prompt_tokens_total`)",
-     lambda r: (r["summary"]["mean_prompt_tokens"], r["summary"]["engine"]["prefill_tokens_computed_per_request"]),
+    ("Prompt tokens per request, sent / computed (sent less `cached_tokens`)",
+     lambda r: (r["summary"]["mean_prompt_tokens"], r["summary"]["mean_uncached_prompt_tokens"]),
      lambda v: f"{v[0]:,.0f} / {v[1]:,.0f}"),
+    ("Prefill tokens per second (`vllm:prompt_tokens_total`)",
+     lambda r: r["summary"]["engine"]["prefill_tokens_computed"] / r["load"]["duration_s"], lambda v: f"{v:,.1f}"),
+    ("`vllm:num_requests_running` mean", lambda r: r["summary"]["engine"]["mean_num_requests_running"],
+     lambda v: f"{v:.1f}"),
     ("`vllm:num_requests_waiting` mean / max", lambda r: (r["summary"]["engine"]["mean_num_requests_waiting"],
                                                           r["summary"]["engine"]["max_num_requests_waiting"]),
      lambda v: f"{v[0]:.1f} / {v[1]:.0f}"),
@@ -114,7 +121,11 @@ def profile_section(profile: str) -> str:
     if not all(results.values()):
         missing = [v for v, r in results.items() if r is None]
         lines += [f"Not measured yet ({', '.join(missing)}). Measure with:", "", "```"]
-        lines += [f"python case_rag_chatbot/loadtest/run_case.py --profile {profile} --variant {v}" for v in missing]
+        if profile == "h200":
+            lines += [f"GIT_COMMIT=<sha> case_rag_chatbot/loadtest/h200_run.sh OUTDIR {v}" for v in missing]
+        else:
+            lines += [f"python case_rag_chatbot/loadtest/run_case.py --profile {profile} --variant {v}"
+                      for v in missing]
         lines += ["```", ""]
         if not any(results.values()):
             return "\n".join(lines)
@@ -165,10 +176,9 @@ def broke_section() -> str:
             f"{t['p95_ttft_ms']:,} ms), p95 ITL **{_ms(s['p95_itl_ms'])}** (target {t['p95_itl_ms']:,} ms); "
             f"{s['completed']} of {s['num_requests']} requests finished; `vllm:num_requests_waiting` up to "
             f"{e['max_num_requests_waiting']:.0f}; prefix cache hit rate {e['prefix_cache_hit_rate']:.1%} "
-            f"(system prompt {s['system_prompt_hit_rate']:.1%}); {e['prefill_tokens_computed_per_request']:,.0f} "
-            f"tokens prefilled per request for {s['mean_prompt_tokens']:,.0f}-token prompts"
-            + (f" (the fix: {fix['summary']['engine']['prefill_tokens_computed_per_request']:,.0f})" if fix else "")
-            + ".")
+            f"(system prompt {s['system_prompt_hit_rate']:.1%}); {s['mean_uncached_prompt_tokens']:,.0f} of "
+            f"{s['mean_prompt_tokens']:,.0f} prompt tokens computed per request"
+            + (f" (the fix: {fix['summary']['mean_uncached_prompt_tokens']:,.0f})" if fix else "") + ".")
     return "\n".join(lines) + "\n"
 
 

@@ -60,6 +60,8 @@ class EngineServer:
             settings["tokenizer"] = str(write_tokenizer(Path(tempfile.mkdtemp(prefix="case_tok_")), vocab))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        if config is not None and Path(config).resolve().is_relative_to(Path.cwd()):
+            config = Path(config).resolve().relative_to(Path.cwd())  # a command that reads the same anywhere
         self.args = ["serve", *engine_flags(settings), *(["--config", str(config)] if config else []),
                      "--port", str(self.port), "--uvicorn-log-level", "warning", *extra_args]
         self.log_path = log_path

@@ -46,6 +46,8 @@ def latency_summary(records: list[RequestRecord], duration_s: float) -> dict:
         "total_token_throughput": (in_tokens + out_tokens) / duration_s,
         "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
         "mean_prompt_tokens": in_tokens / len(ok) if ok else 0.0,
+        # what the engine had to compute per request: the prompt less its prefix-cache hit (usage)
+        "mean_uncached_prompt_tokens": sum(r.prompt_tokens - r.cached_tokens for r in ok) / len(ok) if ok else 0.0,
         "errors": sorted({r.error for r in records if r.error})[:10],
     }
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", [r.e2el_s for r in ok])):
