@@ -48,15 +48,18 @@ async def _user(uid: int, shape: LoadShape, sampler: RequestSampler, client: htt
                 model: str, t0: float, records: list[RequestRecord]) -> None:
     rng = np.random.default_rng([shape.seed, 1000 + uid])
     window_end = shape.warmup_s + shape.duration_s
-    await asyncio.sleep(rng.exponential(shape.think_time_mean_s))
-    while (started := time.perf_counter() - t0) < window_end:
+    while True:
+        think = rng.exponential(shape.think_time_mean_s)
+        if time.perf_counter() - t0 + think >= window_end:
+            return  # its next request would start after the window: nothing left to measure
+        await asyncio.sleep(think)
+        started = time.perf_counter() - t0
         request = sampler.sample(rng)
         record = RequestRecord(request.kind, uid, started, len(request.prompt), request.max_tokens,
                                request.system_offset, request.system_tokens)
         if started >= shape.warmup_s:
             records.append(record)
         await stream_completion(client, url, model, request.prompt, request.max_tokens, record)
-        await asyncio.sleep(rng.exponential(shape.think_time_mean_s))
 
 
 async def _scraper(client: httpx.AsyncClient, base_url: str, shape: LoadShape, t0: float, series: dict,
