@@ -12,8 +12,9 @@ response headers.
 
 Options: `--rag-target app|engine`, `--rag-profile cpu|h200` (think time and answer length from
 `workload.yaml`), `--think-time-mean-s`, `--max-tokens`, `--system-prompt-tokens` (engine target).
-The app target posts `{"question": ...}` to `/chat` and times its streamed body: each non-empty SSE `data:`
-event that carries answer text counts as a token event (the sources event does not).
+The app target posts `{"question": ..., "max_tokens": ...}` to `/chat` (`app/server.py`) and times its SSE
+stream: each `event: token` (`data: {"text": ...}`) is a token event; `sources` and `done` are not, and an
+`error` event fails the request.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class RagChatUser(HttpUser):
     def ask(self) -> None:
         question = self.rng.choice(QUESTIONS)
         if self.target == "app":
-            path, body = "/chat", {"question": question}
+            path, body = "/chat", {"question": question, "max_tokens": self.max_tokens}
         else:
             path = "/v1/chat/completions"
             body = {"messages": _engine_messages(question, self.system_prompt_tokens), "stream": True,
