@@ -1,0 +1,91 @@
+"""Fidelity of the capacity model on the H200: predicted vs measured offline throughput and median TTFT.
+
+Inputs, all recorded on one NVIDIA H200 with dummy weights (scripts/gpu_fidelity_runs.sh):
+- the step profiles `shared_engine/sim/step_profiles/h200_<model>.json` (scripts/profile_steps.py), which
+  calibrate the H200 hardware profile per model (`calibration.calibrated`);
+- the measured offline runs of the GPU issue (scripts/bench_offline.py results): llama-3.1-8b, 1,000 requests
+  of 1,000 in / 1,000 out; qwen3-0.6b, nano-vllm's 256 requests with lengths uniform in [100, 1024].
+The simulator replays the same requests (bench_offline's own generator and seed, all arriving at t=0) under
+the measured run's engine config. Error = (predicted - measured) / measured, reported either way.
+
+    python scripts/sim_fidelity_gpu.py --out benchmarks/results/sim_fidelity_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_offline import workload  # noqa: E402
+
+from benchmarks.env_info import environment  # noqa: E402
+from shared_engine.config import EngineConfig  # noqa: E402
+from shared_engine.sim import Simulator, TraceWorkload, load_hardware  # noqa: E402
+from shared_engine.sim.calibration import calibrated  # noqa: E402
+from shared_engine.sim.model_shape import resolve_arch  # noqa: E402
+from shared_engine.sim.workload import RequestSpec  # noqa: E402
+
+RUNS = {
+    "llama-3.1-8b_1000x1000": ("benchmarks/results/offline_llama8b_1000x1000_run2.json",
+                               "shared_engine/sim/step_profiles/h200_llama-3.1-8b.json"),
+    "qwen3-0.6b_nanovllm": ("benchmarks/results/offline_qwen3_0.6b_nanovllm_run2.json",
+                            "shared_engine/sim/step_profiles/h200_qwen3-0.6b.json"),
+}
+ENGINE_KEYS = ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+               "enable_prefix_caching", "gpu_memory_utilization")
+
+
+def predict(measured: dict, profile_path: Path) -> dict:
+    w = measured["workload"]
+    prompts, out_lens = workload(SimpleNamespace(**w))
+    requests = [RequestSpec(f"r{i}", 0.0, p, n) for i, (p, n) in enumerate(zip(prompts, out_lens))]
+    model = measured["ours"]["model"]
+    _, arch = resolve_arch(model)
+    engine_config = measured["ours"]["engine_config"]
+    config = EngineConfig.from_flat(model=model, **{k: engine_config[k] for k in ENGINE_KEYS})
+    hardware = calibrated(load_hardware("h200"), profile_path)
+    started = time.perf_counter()
+    summary = Simulator(config, arch, hardware).run(TraceWorkload(requests)).summary()
+    return {"output_throughput": summary["output_throughput"], "median_ttft_ms": summary["median_ttft_ms"],
+            "duration_s": summary["duration_s"], "num_preemptions": summary["num_preemptions"],
+            "sim_wall_s": time.perf_counter() - started,
+            "calibration": {"profile": str(profile_path.relative_to(ROOT)), **hardware.calibration_error,
+                            "bandwidth_fraction": hardware.bandwidth_fraction,
+                            "matmul_fraction": hardware.matmul_fraction,
+                            "step_overhead_s": hardware.step_overhead_s,
+                            "per_seq_overhead_s": hardware.per_seq_overhead_s}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out")
+    args = p.parse_args()
+    keys = ("output_throughput", "median_ttft_ms")
+    result = {"what": "capacity model fidelity on the H200: predicted (shared_engine.sim, calibrated on the "
+                      "H200 step profile) vs measured (scripts/bench_offline.py on the H200)",
+              "command": "python " + " ".join(sys.argv), "environment": environment(), "workloads": {}}
+    for name, (measured_path, profile_path) in RUNS.items():
+        measured = json.loads((ROOT / measured_path).read_text())
+        predicted = predict(measured, ROOT / profile_path)
+        ours = measured["ours"]
+        errors = {k: 100.0 * (predicted[k] - ours[k]) / ours[k] for k in keys}
+        result["workloads"][name] = {
+            "measured": {"file": measured_path, "commit": measured["commit"], "gpu": measured["hardware"]["gpu"],
+                         **{k: ours[k] for k in keys}, "elapsed_s": ours["elapsed_s"]},
+            "predicted": predicted, "error_pct": errors,
+            "within_15pct": {k: abs(v) <= 15.0 for k, v in errors.items()}}
+        print(name, {k: (round(ours[k], 1), round(predicted[k], 1), f"{errors[k]:+.1f}%") for k in keys}, flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
