@@ -8,7 +8,7 @@ export SHARED_ENGINE_CACHE ?= $(HOME)/.cache/shared_engine
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test setup model lint bench-offline clean images up down
+.PHONY: demo demo-engine test setup model lint bench-offline clean images up down
 
 setup: $(STAMP)
 
@@ -25,7 +25,12 @@ $(STAMP): pyproject.toml
 model: $(STAMP)
 	$(BIN)/python -m shared_engine prepare-model
 
+# The RAG chatbot case end to end: ingest the corpus, start the engine and the app, ask three questions.
 demo: model
+	$(BIN)/python -m case_rag_chatbot.demo
+
+# The engine alone: four chat prompts batched through the offline LLM API.
+demo-engine: model
 	$(BIN)/python scripts/demo.py
 
 test: model

@@ -129,10 +129,15 @@ def _pack(paragraphs: list[str], max_chars: int) -> list[str]:
 
 def chunk_topic(topic: str, text: str, max_chars: int = DEFAULT_MAX_CHARS) -> list[Chunk]:
     chunks: list[Chunk] = []
+    anchors: dict[str, str] = {}  # slug -> the section title that owns it
     for path, body in sections(text):
         title = " › ".join(path) or topic
-        # The topic's own title keeps the topic's label as anchor; subsections use their title's slug.
+        # The topic's own title keeps the topic's label as anchor; subsections use their title's slug,
+        # unless an earlier section took it (Sphinx then numbers the id: '"except*" clause' after
+        # '"except" clause'), where the topic's anchor is the safe link.
         anchor = slug(path[-1]) if len(path) > 1 and topic not in _NO_SUBSECTION_ANCHORS else None
+        if anchor is not None and anchors.setdefault(anchor, title) != title:
+            anchor = None
         key = f"{topic}/{slug(path[-1]) if path else 'intro'}"
         packed = _pack(list(_paragraphs(body, max_chars)), max_chars)
         for n, part in enumerate(packed):

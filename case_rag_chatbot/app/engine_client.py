@@ -45,8 +45,8 @@ class EngineClient:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def stream_chat(self, messages: list[dict], max_tokens: int,
-                          temperature: float = 0.0) -> AsyncIterator[TextDelta | Finished]:
+    async def stream_chat(self, messages: list[dict], max_tokens: int, temperature: float = 0.0,
+                          repetition_penalty: float | None = None) -> AsyncIterator[TextDelta | Finished]:
         """Deltas of the answer's text as the engine sends them, then one `Finished`.
 
         Raises:
@@ -57,6 +57,8 @@ class EngineClient:
                 "stream_options": {"include_usage": True}}
         if self.model:
             body["model"] = self.model
+        if repetition_penalty is not None and repetition_penalty != 1.0:
+            body["repetition_penalty"] = repetition_penalty
         finish_reason, usage = None, {}
         async with self.http.stream("POST", "/chat/completions", json=body) as response:
             if response.status_code != 200:

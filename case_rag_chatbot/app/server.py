@@ -112,20 +112,21 @@ def create_app(settings: AppSettings | None = None, retriever=None) -> FastAPI:
         messages = build_messages(system_prompt, excerpts, body.question, context_first=settings.context_first)
         sources = [Source(n, c.title, c.source, round(c.distance, 4)) for n, c in enumerate(chunks, 1)]
         max_tokens = body.max_tokens or settings.max_tokens
-        events = _answer_events(request.app.state.engine, messages, max_tokens, body.temperature, sources,
-                                started, retrieval_ms)
+        sampling = {"max_tokens": max_tokens, "temperature": body.temperature,
+                    "repetition_penalty": settings.repetition_penalty}
+        events = _answer_events(request.app.state.engine, messages, sampling, sources, started, retrieval_ms)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     return app
 
 
-async def _answer_events(engine: EngineClient, messages, max_tokens: int, temperature: float,
-                         sources: list[Source], started: float, retrieval_ms: float):
+async def _answer_events(engine: EngineClient, messages, sampling: dict, sources: list[Source], started: float,
+                         retrieval_ms: float):
     yield sse("sources", {"sources": [asdict(s) for s in sources], "retrieval_ms": round(retrieval_ms, 1)})
     first = None
     try:
-        async for event in engine.stream_chat(messages, max_tokens, temperature):
+        async for event in engine.stream_chat(messages, **sampling):
             if isinstance(event, TextDelta):
                 first = first or time.perf_counter()
                 yield sse("token", {"text": event.text})

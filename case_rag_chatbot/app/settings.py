@@ -11,6 +11,7 @@
 | `SYSTEM_PROMPT_TOKENS` | 4096 (the brief's 4k prompt) | system prompt budget; the CPU runs use 1024 |
 | `RAG_TOP_K` | 4 | excerpts retrieved per question |
 | `RAG_MAX_TOKENS` | 256 | answer length cap per request |
+| `RAG_REPETITION_PENALTY` | 1.1 | vLLM's `repetition_penalty` (1 = off): small models loop without it |
 | `RAG_CONTEXT_FIRST` | 0 | 1: the first attempt's order (excerpts before the system prompt) |
 """
 
@@ -40,6 +41,7 @@ class AppSettings:
     system_prompt_tokens: int = 4096
     top_k: int = 4
     max_tokens: int = 256
+    repetition_penalty: float = 1.1
     context_first: bool = False
 
     def __post_init__(self) -> None:
@@ -49,6 +51,8 @@ class AppSettings:
             raise ValueError(f"RAG_MAX_TOKENS must be in [1, 4096], got {self.max_tokens}")
         if self.system_prompt_tokens < 64:
             raise ValueError(f"SYSTEM_PROMPT_TOKENS must be at least 64, got {self.system_prompt_tokens}")
+        if not 0 < self.repetition_penalty <= 2:
+            raise ValueError(f"RAG_REPETITION_PENALTY must be in (0, 2], got {self.repetition_penalty}")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> AppSettings:
@@ -65,10 +69,12 @@ class AppSettings:
             "chroma_dir": Path(get("CHROMA_DIR")) if get("CHROMA_DIR") else cache_root() / "rag_chroma",
             "collection": get("CHROMA_COLLECTION"),
             "system_prompt_tokens": get("SYSTEM_PROMPT_TOKENS"), "top_k": get("RAG_TOP_K"),
-            "max_tokens": get("RAG_MAX_TOKENS"),
+            "max_tokens": get("RAG_MAX_TOKENS"), "repetition_penalty": get("RAG_REPETITION_PENALTY"),
             "context_first": _flag(get("RAG_CONTEXT_FIRST")) if get("RAG_CONTEXT_FIRST") else None,
         }
         for name in ("system_prompt_tokens", "top_k", "max_tokens"):
             if kwargs[name] is not None:
                 kwargs[name] = int(kwargs[name])
+        if kwargs["repetition_penalty"] is not None:
+            kwargs["repetition_penalty"] = float(kwargs["repetition_penalty"])
         return cls(**{k: v for k, v in kwargs.items() if v is not None})

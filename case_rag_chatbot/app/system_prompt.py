@@ -25,7 +25,7 @@ def estimate_tokens(text: str) -> int:
 
 def policy_sections(text: str) -> list[str]:
     """The title block, then one string per `## ` section, in file order."""
-    return re.split(r"\n(?=## )", text.strip())
+    return [section.strip() for section in re.split(r"\n(?=## )", text.strip())]
 
 
 def load_system_prompt(max_tokens: int | None = None,
@@ -41,13 +41,13 @@ def load_system_prompt(max_tokens: int | None = None,
     """
     sections = policy_sections(path.read_text())
     if max_tokens is None:
-        return "\n".join(sections)
+        return "\n\n".join(sections)
     kept: list[str] = []
     for section in sections:
-        candidate = "\n".join([*kept, section])
+        candidate = "\n\n".join([*kept, section])
         if count_tokens(candidate) > max_tokens:
             break
         kept.append(section)
     if not kept:
         raise ValueError(f"system prompt budget {max_tokens} tokens is smaller than its title block")
-    return "\n".join(kept)
+    return "\n\n".join(kept)
