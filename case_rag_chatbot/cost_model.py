@@ -71,7 +71,9 @@ def workload_spec(profile: dict, users: int, num_requests: int) -> WorkloadSpec:
 
 
 def probe(sim: Simulator, profile: dict, users: int) -> dict:
-    spec = workload_spec(profile, users, min(320, max(60, (5 * users) // 4)))
+    # One request per user: closed-loop users start after an exponential think time, which is already the
+    # steady state of a thinking user (memoryless), so there is no ramp to wait out.
+    spec = workload_spec(profile, users, min(200, max(100, users)))
     s = sim.run_replicas(spec, 1).summary()
     keep = ("request_throughput", "output_throughput", "total_token_throughput", "p95_ttft_ms", "p95_itl_ms",
             "median_itl_ms", "mean_e2el_ms", "prefix_cache_hit_rate", "num_preemptions", "kv_cache_usage_max")
@@ -85,7 +87,8 @@ def meets(result: dict, slo: dict, itl_feasible: bool) -> bool:
 
 def search(sim: Simulator, profile: dict, slo: dict, itl_required: bool, start: int, num_probes: int,
            floor_ms: float, known: dict | None = None) -> tuple[int | None, int | None, list[dict]]:
-    """(most users that met `slo`, fewest that failed, the probes): up 25 % after a pass, bisection once
+    """(most users that met `slo`, fewest that failed, the probes): up 25 % after a pass (100 % when TTFT was
+    under half its target), bisection once
     bracketed, and after a failure with nothing passed yet, the users its saturated throughput would carry
     (closed loop: users = throughput x (think + response time)), at least a quarter fewer. `known`: earlier
     probes by users, reused instead of simulated again."""
@@ -102,8 +105,9 @@ def search(sim: Simulator, profile: dict, slo: dict, itl_required: bool, start: 
             worst = min(worst or math.inf, guess)
         if best and worst:
             nxt = (best + worst) // 2
-        elif best:
-            nxt = int(best * 1.25)
+        elif best:  # far inside the SLO: double; near it: 25 % more
+            far = result["p95_ttft_ms"] < slo["p95_ttft_ms"] / 2
+            nxt = int(best * (2.0 if far else 1.25))
         else:
             allowed_s = (slo["p95_ttft_ms"] + mean_answer * max(floor_ms, result["median_itl_ms"])) / 1000
             nxt = max(1, min(int(0.75 * guess), int(0.9 * result["request_throughput"] * (think + allowed_s))))
@@ -128,14 +132,20 @@ def size_gpu(gpu: str, num_probes: int, prices: dict) -> dict:
     context = profile["system_prompt_tokens"] + profile["context"]["chunks"] * profile["context"]["chunk_tokens"]
     floor_ms = 1000 * sim.step_model.decode_floor_seconds(1, context)
     itl_feasible = floor_ms <= slo["p95_itl_ms"]
-    best, worst, probes = search(sim, profile, slo, itl_feasible, profile["users"], num_probes, floor_ms)
+    # First guess: the brief's users, or on a GPU with less than half the H200's memory bandwidth, that many
+    # scaled by the bandwidth ratio (decode steps are bandwidth-bound).
+    ratio = hardware.memory_bandwidth / load_hardware("h200").memory_bandwidth
+    start = profile["users"] if ratio >= 0.5 else max(1, round(profile["users"] * ratio))
+    best, worst, probes = (search(sim, profile, slo, True, start, num_probes, floor_ms) if itl_feasible
+                           else (None, None, []))  # out of reach: go straight to the relaxed sizing
     out = {"gpu": hardware.name, "price_usd_per_hour": hardware.price_usd_per_hour,
            "price_date": hardware.price_date, "price_source": hardware.price_source,
            "decode_floor_ms": floor_ms, "itl_target_feasible": itl_feasible, "meets_brief_slo": best is not None,
            "slo_used": slo, "probes": probes}
     if best is None or not itl_feasible:
         relaxed = {"p95_ttft_ms": 4 * slo["p95_ttft_ms"]}
-        start = min(p["users"] for p in probes)
+        passing = [p["users"] for p in probes if meets(p, relaxed, False)]
+        start = max(passing) if passing else min([p["users"] for p in probes] or [start])
         best, worst, more = search(sim, profile, relaxed, False, start, num_probes, floor_ms,
                                    {p["users"]: p for p in probes})
         out |= {"meets_brief_slo": False, "slo_used": relaxed, "probes": probes + more}
@@ -208,7 +218,7 @@ def table(report: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpus", default=",".join(GPUS))
-    p.add_argument("--probes", type=int, default=3, help="simulations per GPU and SLO (capacity bracketing)")
+    p.add_argument("--probes", type=int, default=4, help="simulations per GPU and SLO (capacity bracketing)")
     p.add_argument("--price", action="append", default=[], help="GPU=USD per hour, overriding the profile's")
     p.add_argument("--jobs", type=int, default=2, help="GPUs simulated in parallel processes")
     p.add_argument("--budget-sweep", help="also simulate these max_num_batched_tokens on the first GPU at the "
