@@ -5,7 +5,8 @@ measured (no GPU needed; `shared_engine.sim` runs the engine's own scheduler in 
 
 Workload: `workload.yaml`'s `h200` profile (closed-loop users, exponential think time, the 4,096-token shared
 system prompt, 4 retrieved chunks or a pasted document, answers of 128-384 tokens); engine: the fix
-(`the_fix/config.yaml`) with llama-3.1-8b in bf16 on the whole device (no KV cap). SLO: the brief's p95 TTFT
+(`the_fix/config.yaml`) with llama-3.1-8b in bf16 and the profile's max_model_len, on the whole device (the
+profile's KV cap is a test device for the measured runs, not part of the deployment). SLO: the brief's p95 TTFT
 <= 800 ms and p95 ITL <= 25 ms.
 
 Method, per GPU: replicas are independent (users are routed at random, so each replica sees users/replicas
@@ -126,7 +127,7 @@ def size_gpu(gpu: str, num_probes: int, prices: dict) -> dict:
     if hardware.price_usd_per_hour is None and gpu in prices:
         usd, date, source = prices[gpu]
         hardware = dataclasses.replace(hardware, price_usd_per_hour=usd, price_date=date, price_source=source)
-    config = EngineConfig.from_flat(model=MODEL, max_model_len=8192, **fix)
+    config = EngineConfig.from_flat(model=MODEL, max_model_len=profile["engine"]["max_model_len"], **fix)
     sim = Simulator(config, arch, hardware)
     slo = {"p95_ttft_ms": profile["targets"]["p95_ttft_ms"], "p95_itl_ms": profile["targets"]["p95_itl_ms"]}
     context = profile["system_prompt_tokens"] + profile["context"]["chunks"] * profile["context"]["chunk_tokens"]
@@ -180,7 +181,8 @@ def budget_sweep(gpu: str, budgets: list[int]) -> list[dict]:
     _, arch = resolve_arch(MODEL)
     out = []
     for budget in budgets:
-        config = EngineConfig.from_flat(model=MODEL, max_model_len=8192, **{**fix, "max_num_batched_tokens": budget})
+        config = EngineConfig.from_flat(model=MODEL, max_model_len=profile["engine"]["max_model_len"],
+                                        **{**fix, "max_num_batched_tokens": budget})
         result = probe(Simulator(config, arch, load_hardware(gpu)), profile, profile["users"])
         out.append({"gpu": gpu, "max_num_batched_tokens": budget, **result})
     return out
@@ -239,7 +241,8 @@ def main(argv=None) -> int:
     profile, fix = load_case()
     report = {"what": "modelled with shared_engine.sim (the engine's scheduler in simulated time), not measured",
               "command": "python " + " ".join([str(Path(sys.argv[0]))] + sys.argv[1:]),
-              "model": MODEL, "engine_config": {"model": MODEL, "max_model_len": 8192, **fix},
+              "model": MODEL, "engine_config": {"model": MODEL, "max_model_len": profile["engine"]["max_model_len"],
+                                                **fix},
               "workload_profile": profile, "slo": {k: profile["targets"][k] for k in ("p95_ttft_ms", "p95_itl_ms")},
               "gpus": results}
     if args.budget_sweep:
