@@ -213,13 +213,17 @@ class BlockManager:
     def _hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """Chained hashes of the request's first `num_blocks` full blocks (computed once, then extended)."""
         hashes = self._request_hashes.setdefault(request.request_id, [])
-        bs = self.block_size
-        while len(hashes) < num_blocks:
-            i = len(hashes)
+        done = len(hashes)
+        if done < num_blocks:
+            bs = self.block_size
+            tokens = request.token_ids_slice(done * bs, num_blocks * bs)  # one slice for all the new blocks
             parent = hashes[-1] if hashes else ROOT
             extra = None if hashes else extra_keys_for(request.lora_name, getattr(request, "lora_version", None),
                                                        request.cache_salt)
-            hashes.append(hash_block(self._hash_fn, parent, request.token_ids_slice(i * bs, (i + 1) * bs), extra))
+            for start in range(0, len(tokens), bs):
+                parent = hash_block(self._hash_fn, parent, tokens[start:start + bs], extra)
+                hashes.append(parent)
+                extra = None  # extra keys go into the first block only
         return hashes[:num_blocks]
 
     def _mark_pending(self, request: Request, num_blocks: int) -> None:

@@ -9,6 +9,7 @@ A spec is a number (fixed) or a mapping with `dist` and its parameters, as in a 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -99,6 +100,13 @@ class Distribution:
         low = self.params.get("min", 1 if self.integer else 0.0)
         values = np.clip(values, low, self.params.get("max", np.inf))
         return np.maximum(1, np.rint(values)).astype(np.int64) if self.integer else values
+
+    def sample_one(self, rng: np.random.Generator) -> int | float:
+        """`sample(rng, 1)[0]` as a Python number: the same draw from `rng`, the same clipping and rounding
+        (half to even), without the per-call array overhead (workloads draw a few per request)."""
+        value = float(_SAMPLERS[self.dist](rng, self.params, 1)[0])
+        value = min(max(value, self.params.get("min", 1 if self.integer else 0.0)), self.params.get("max", math.inf))
+        return max(1, round(value)) if self.integer else float(value)
 
     @property
     def mean(self) -> float:

@@ -83,7 +83,7 @@ class WorkloadGenerator:
         arrival = spec.arrival
         if arrival.is_closed_loop:
             for user in range(replica, arrival.num_users, num_replicas):  # each thinks before its first request
-                start = float(arrival.think_time_s.sample(self.rng, 1)[0])
+                start = arrival.think_time_s.sample_one(self.rng)
                 self._push(start, self._new_session(user))
         else:
             self._arrival = arrival.scaled(1.0 / num_replicas)
@@ -114,11 +114,11 @@ class WorkloadGenerator:
         if session is None:
             return
         session.history = spec.prompt_token_ids[len(session.system_ids):] + list(output_token_ids)
-        think = float(self.spec.prefix.think_time_s.sample(self.rng, 1)[0])
+        think = self.spec.prefix.think_time_s.sample_one(self.rng)
         if session.turns_left > 0:
             self._push(now + think, session)
         elif session.user is not None:
-            user_think = float(self.spec.arrival.think_time_s.sample(self.rng, 1)[0])
+            user_think = self.spec.arrival.think_time_s.sample_one(self.rng)
             self._push(now + user_think, self._new_session(session.user))
 
     # ---- internals -----------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ class WorkloadGenerator:
     def _new_session(self, user: int | None) -> Session:
         p, a = self.spec.prefix, self.spec.adapters
         system = self._system_prompts[int(self.rng.integers(len(self._system_prompts)))]
-        turns = int(p.turns_per_session.sample(self.rng, 1)[0])
+        turns = p.turns_per_session.sample_one(self.rng)
         adapter = None
         if a.num_adapters and self.rng.random() >= a.base_fraction:
             weights = np.arange(1, a.num_adapters + 1, dtype=float) ** -(a.zipf_s if a.popularity == "zipf" else 0)
@@ -149,8 +149,8 @@ class WorkloadGenerator:
     def _next_turn(self, session: Session, time: float) -> RequestSpec | None:
         if not self._can_issue(time):
             return None
-        message_len = int(self.spec.prompt_len.sample(self.rng, 1)[0])
-        max_tokens = int(self.spec.output_len.sample(self.rng, 1)[0])
+        message_len = self.spec.prompt_len.sample_one(self.rng)
+        max_tokens = self.spec.output_len.sample_one(self.rng)
         prefix = session.system_ids + session.history
         if len(prefix) + message_len + max_tokens > self.max_model_len:
             prefix = session.system_ids  # the conversation outgrew the context: start it afresh

@@ -96,3 +96,24 @@ def test_distribution_validation_names_the_problem():
     random = Distribution.parse({"dist": "random", "mean": 100, "range_ratio": 0.5})
     lengths = random.sample(np.random.default_rng(0), 500)
     assert lengths.min() >= 50 and lengths.max() <= 150
+
+
+@pytest.mark.parametrize("spec, integer", [
+    ({"dist": "uniform", "min": 5, "max": 9}, True),
+    ({"dist": "random", "mean": 100, "range_ratio": 0.5}, True),
+    ({"dist": "normal", "mean": 3, "std": 2, "min": 1.5, "max": 4.5}, True),  # clipping and half-to-even
+    ({"dist": "lognormal", "mean": 50, "sigma": 1.0, "max": 80}, True),
+    ({"dist": "exponential", "mean": 2}, False),
+    ({"dist": "exponential", "mean": 2, "min": 1, "max": 3}, False),
+    ({"dist": "choice", "values": [0.5, 1.5, 2.5, 7], "weights": [1, 2, 3, 4]}, True),
+    ({"dist": "fixed", "value": 0.2}, True),
+])
+def test_sample_one_is_sample_of_one(spec, integer):
+    """The workload's scalar draws (`sample_one`) equal `sample(rng, 1)[0]` and leave the same rng state."""
+    dist = Distribution.parse(spec, integer=integer)
+    rng_a, rng_b = np.random.default_rng(7), np.random.default_rng(7)
+    for _ in range(300):
+        expected = dist.sample(rng_a, 1)[0]
+        value = dist.sample_one(rng_b)
+        assert value == expected and type(value) is (int if integer else float)
+    assert rng_a.random() == rng_b.random()
