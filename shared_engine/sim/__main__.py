@@ -46,23 +46,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--search-requests", type=int, default=2000,
                    help="requests per SLO-search probe (the first this many of the workload; 0: all)")
     p.add_argument("--num-requests", type=int, help="override the workload's request count")
-    p.add_argument("--jobs", type=int, default=2, help="scenarios simulated in parallel processes")
+    p.add_argument("--jobs", type=int, default=2,
+                   help="processes simulating replicas in parallel (1: everything in this process)")
     p.add_argument("--json", help="write the full report here")
     p.add_argument("--png", help="write a latency plot here (needs matplotlib: pip install '.[sim]')")
     return p
 
 
-def run_scenario(sim: Simulator, workload: WorkloadSpec, replicas: int, price, args) -> dict:
-    """The workload on `replicas` replicas, plus the SLO search (probes on the first `search_requests`)."""
-    summary = sim.run_replicas(workload, replicas).summary()
+def run_scenario(sim: Simulator, workload: WorkloadSpec, replicas: int, price, args, map_fn=map) -> dict:
+    """The workload on `replicas` replicas, plus the SLO search (probes on the first `search_requests`).
+    `map_fn` runs each run's replicas (`Simulator.run_replicas`)."""
+    summary = sim.run_replicas(workload, replicas, map_fn).summary()
     section = {"workload": workload.name, "summary": summary,
                "cost": cost_summary(summary, price, replicas, workload.prices)}
     if workload.slo:
         probe = workload
         if args.search_requests and workload.num_requests and workload.num_requests > args.search_requests:
             probe = dataclasses.replace(workload, num_requests=args.search_requests)
-        found = fewest_replicas(lambda n: sim.run_replicas(probe, n).summary(), workload.slo, args.max_replicas,
-                                start=replicas)
+        found = fewest_replicas(lambda n: sim.run_replicas(probe, n, map_fn).summary(), workload.slo,
+                                args.max_replicas, start=replicas)
         section["fewest_replicas_for_slo"] = {
             "slo": workload.slo, "replicas": found and found[0], "probe_requests": probe.num_requests,
             "summary": found and found[1],
@@ -72,15 +74,21 @@ def run_scenario(sim: Simulator, workload: WorkloadSpec, replicas: int, price, a
 
 
 def run_scenarios(sim: Simulator, scenarios: dict, replicas: int, price, args) -> dict:
-    """Each scenario in its own process when `--jobs` > 1 (the scheduler is Python: one core each)."""
-    if args.jobs <= 1 or len(scenarios) == 1:
+    """With `--jobs` > 1, every replica simulation (of each scenario's run and SLO-search probes) is a task
+    for one pool of `--jobs` processes (the scheduler is Python: one core each). Each scenario's own steps
+    (the run, then the search) go on in a thread here, so a scenario with a longer search gets the cores
+    the other has finished with. The report is the same as with `--jobs 1`."""
+    if args.jobs <= 1:
         return {name: run_scenario(sim, w, replicas, price, args) for name, w in scenarios.items()}
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
-    with ProcessPoolExecutor(min(args.jobs, len(scenarios)), mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = {name: pool.submit(run_scenario, sim, w, replicas, price, args) for name, w in scenarios.items()}
-        return {name: future.result() for name, future in futures.items()}
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        pool.submit(int).result()  # fork the workers now, before this process starts threads
+        with ThreadPoolExecutor(len(scenarios)) as threads:
+            futures = {name: threads.submit(run_scenario, sim, w, replicas, price, args, pool.map)
+                       for name, w in scenarios.items()}
+            return {name: future.result() for name, future in futures.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,14 +144,22 @@ class Simulator:
                                f"{scheduler.num_running}, first waiting needs {head and head.num_tokens} tokens "
                                f"of {self.num_blocks * self.config.cache.block_size} in the KV pool)")
 
-    def run_replicas(self, spec: WorkloadSpec, num_replicas: int) -> SimMetrics:
-        """`num_replicas` independent engines, requests routed at random (sessions sticky)."""
+    def run_replica(self, spec: WorkloadSpec, replica: int, num_replicas: int) -> SimMetrics:
+        """Replica `replica` of `num_replicas`: its share of the workload's traffic, simulated alone."""
+        return self.run(WorkloadGenerator(spec, self.arch.vocab_size, self.max_model_len, replica, num_replicas))
+
+    def run_replicas(self, spec: WorkloadSpec, num_replicas: int, map_fn: Callable = map) -> SimMetrics:
+        """`num_replicas` independent engines, requests routed at random (sessions sticky).
+
+        Replicas share nothing, so `map_fn` may run them in parallel (a process pool's `map`); they are
+        merged in replica order either way, so the result does not depend on it.
+        """
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
         total = SimMetrics(num_replicas=num_replicas, num_blocks=self.num_blocks)
-        for replica in range(num_replicas):
-            workload = WorkloadGenerator(spec, self.arch.vocab_size, self.max_model_len, replica, num_replicas)
-            total.merge(self.run(workload))
+        replicas = range(num_replicas)
+        for metrics in map_fn(self.run_replica, [spec] * num_replicas, replicas, [num_replicas] * num_replicas):
+            total.merge(metrics)
         return total
 
 
