@@ -130,8 +130,10 @@ build() {  # build LOG ARGS...: the build's output goes to LOG, shown when it fa
     "${docker_build[@]}" --progress=plain "$@" >"$out" 2>&1 \
         || { tail -40 "$out" >&2; echo "docker build failed: $out" >&2; exit 1; }
 }
-# No network inside the CPU builds; the GPU one may fetch the distribution's python3 (engine-gpu.Dockerfile).
+# No network inside the CPU builds; the GPU one may fetch the distribution's python3 (engine-gpu.Dockerfile):
+# BUILD_NETWORK=none where the base already has it.
 network=none; [ "$variant" = gpu ] && network=default
+network=${BUILD_NETWORK:-$network}
 log "docker build $tag"
 build "$CACHE/build-$variant.log" --network "$network" -f "$dockerfile" --build-arg "BASE_IMAGE=$base" -t "$tag" "$wheelhouse"
 prometheus_image=${PROMETHEUS_IMAGE:-prom/prometheus:v2.53.4}

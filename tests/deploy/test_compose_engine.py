@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -45,10 +46,9 @@ def run(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProces
 def build_images(env: dict) -> dict[str, str]:
     out = run(["bash", "scripts/build_images.sh", "--base", "local"], env, timeout=1200)
     assert out.returncode == 0, f"build_images.sh failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-    cache = env.get("SHARED_ENGINE_IMAGE_CACHE") or os.path.join(
-        env.get("SHARED_ENGINE_CACHE") or os.path.expanduser("~/.cache/shared_engine"), "images")
-    lines = open(os.path.join(cache, "images.env")).read().split()
-    return dict(line.split("=", 1) for line in lines)
+    cache = Path(env.get("SHARED_ENGINE_IMAGE_CACHE") or Path(
+        env.get("SHARED_ENGINE_CACHE") or Path.home() / ".cache" / "shared_engine") / "images")
+    return dict(line.split("=", 1) for line in (cache / "images.env").read_text().split())
 
 
 @pytest.fixture(scope="module")
