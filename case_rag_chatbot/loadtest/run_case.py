@@ -154,6 +154,8 @@ def main(argv=None) -> int:
         "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM")},
         "config_file": str(variant["config"].relative_to(CASE_DIR)),
         "config_yaml": variant["config"].read_text(), "context_first": variant["context_first"],
+        # with --base-url the variant's config was not applied here: `engine_config` is what the server runs
+        "config_applied_by_this_run": server is not None,
         "profile_engine_flags": profile.engine, "serve_args": serve_args,
         "workload": dataclasses.asdict(profile), "targets": profile.targets,
     }

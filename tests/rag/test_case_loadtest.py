@@ -126,3 +126,33 @@ def test_run_case_writes_a_complete_results_file(tmp_path):
     assert len(s["ttft_quantiles_ms"]) == 101 and len(s["itl_quantiles_ms"]) == 101  # streamed per token
     assert r["model"]["root"] == "smollm2-135m" and "--tokenizer" in r["server_command"]
     assert s["engine"]["num_steps"] > 0 and s["engine"]["prefix_cache_hit_rate"] > 0
+
+
+def test_sweep_against_a_running_server(tmp_path):
+    """`--base-url` (no server started) with `--sweep-users`: one window per user count, the highest that met
+    the targets named."""
+    sys.path.insert(0, str(LOADTEST))
+    from engine_server import EngineServer
+
+    workload = yaml.safe_load((REPO / "case_rag_chatbot" / "workload.yaml").read_text())
+    tiny = {"users": 1, "think_time_s": {"dist": "exponential", "mean": 0.2}, "system_prompt_tokens": 32,
+            "context": {"chunks": 1, "chunk_tokens": 8, "corpus_chunks": 4}, "question_tokens": {"min": 2, "max": 4},
+            "answer_tokens": {"min": 2, "max": 3}, "document_share": 0.0, "document_tokens": {"min": 8, "max": 8},
+            "warmup_s": 1, "duration_s": 5, "engine": {},
+            "targets": {"p95_ttft_ms": 60000, "p95_itl_ms": 60000, "min_system_prompt_hit_rate": 0.0}}
+    workload["profiles"] = {"tiny": tiny}
+    for variant in workload["variants"].values():
+        variant["config"]["tiny"] = variant["config"]["cpu"]
+    path = tmp_path / "workload.yaml"
+    path.write_text(yaml.safe_dump(workload))
+    out = tmp_path / "sweep_tiny.json"
+    with EngineServer(None, {"model": "smollm2-135m", "load_format": "dummy", "max_model_len": 128}, [],
+                      tmp_path / "server.log") as server:
+        cmd = [sys.executable, str(LOADTEST / "run_case.py"), "--workload", str(path), "--profile", "tiny",
+               "--variant", "the_fix", "--base-url", server.url, "--sweep-users", "1,2", "--out", str(out)]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert [run["load"]["users"] for run in r["runs"]] == [1, 2] and r["server_command"].startswith("(running")
+    assert r["highest_sustained"]["users"] in (1, 2)
+    assert all(run["summary"]["completed"] > 0 for run in r["runs"])
