@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     from .app.settings import AppSettings
 
     started = time.perf_counter()
+    print("The default model is SmolLM2-135M-Instruct on the CPU: expect fluent, often wrong answers. The demo\n"
+          "shows the serving path: retrieval and its sources, streaming, and the system prompt served from\n"
+          "the engine's prefix cache.\n", flush=True)
     print(f"== model: {default_model_dir()}", flush=True)
     settings = AppSettings.from_env({k: v for k, v in os.environ.items() if k != "CHROMA_URL"})
     print("== ingest", flush=True)

