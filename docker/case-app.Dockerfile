@@ -17,7 +17,9 @@ COPY src/ /srv/
 ARG APP_MODULE
 ENV PYTHONPATH=/srv \
     APP_MODULE=${APP_MODULE}
-RUN python -c "import importlib, os; importlib.import_module(os.environ['APP_MODULE'])"
+# /data: a server's data directory (Chroma's), owned by the runtime user so a fresh volume is writable.
+RUN python -c "import importlib, os; importlib.import_module(os.environ['APP_MODULE'])" \
+ && mkdir -p /data && chown 1000:1000 /data
 USER 1000:1000
 EXPOSE 8080
 ENTRYPOINT ["sh", "-c", "exec python -m \"$APP_MODULE\" \"$@\"", "--"]

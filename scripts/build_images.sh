@@ -171,8 +171,11 @@ EOF
         rm -rf "$ctx/deps" && mkdir -p "$ctx/deps"
         printf '%s\n' "$extra_requirements" > "$ctx/deps/requirements.txt"
         # Resolved together with the engine's requirements, so nothing installed in the engine image moves.
-        "$PYTHON" -m pip download -q -d "$ctx/deps" "${target[@]}" -r "$wheelhouse/requirements.txt" \
-            -r "$ctx/deps/requirements.txt"
+        # `pip wheel` on this machine's Python (it must be the image's): some of these deps ship only sdists.
+        host_python=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+        [ "$host_python" = "$python_version" ] \
+            || { echo "--case needs $PYTHON to be Python $python_version (it is $host_python)" >&2; exit 2; }
+        "$PYTHON" -m pip wheel -q -w "$ctx/deps" -r "$wheelhouse/requirements.txt" -r "$ctx/deps/requirements.txt"
         printf '%s\n' "$key" > "$ctx/deps.key"
     fi
     rm -rf "$ctx/src" && mkdir -p "$ctx/src/case_$case_name"
