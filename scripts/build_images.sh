@@ -107,7 +107,12 @@ fi
 # The project's wheel, built from a copy of this checkout's files (tracked and new, not ignored): setuptools'
 # build/ folder in the work tree could carry stale modules into it.
 rm -rf "$wheelhouse/app" "$wheelhouse/src" && mkdir -p "$wheelhouse/app" "$wheelhouse/src"
-git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -c | tar -x -C "$wheelhouse/src"
+if git rev-parse --git-dir >/dev/null 2>&1; then
+    git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -c \
+        | tar -x -C "$wheelhouse/src"
+else
+    tar -c --exclude=./.venv --exclude=./build --exclude=./.git . | tar -x -C "$wheelhouse/src"
+fi
 "$PYTHON" -m pip wheel -q --no-deps -w "$wheelhouse/app" "$wheelhouse/src" >/dev/null
 rm -rf "$wheelhouse/src"
 
