@@ -9,7 +9,9 @@ the front of the waiting queue (Orca, Yu et al. 2022; vLLM's recompute preemptio
 
 from __future__ import annotations
 
+import operator
 from collections import deque
+from collections.abc import Iterator
 
 from shared_engine.config.scheduler_config import SchedulerConfig
 from shared_engine.core.block_manager import BlockManager
@@ -21,9 +23,7 @@ from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutpu
 _ADMISSION_WATERMARK = 0.01
 
 
-def _decodes_first(request: Request) -> tuple[bool, int]:
-    """Running requests' order in a step: decodes first, then partial prefills; each group in arrival order."""
-    return request.num_remaining_tokens > 1, request.arrival_order
+_ARRIVAL_ORDER = operator.attrgetter("arrival_order")
 
 
 def build_scheduler(config, num_blocks: int, max_model_len: int) -> Scheduler:
@@ -80,22 +80,36 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.token_budget
         scheduled_ids: set[str] = set()
-        num_new_blocks = self.block_manager.num_new_blocks
-        for request in sorted(self.running, key=_decodes_first):
+        block_tables, block_size = self.block_manager.block_tables, self.block_manager.block_size
+        for request, remaining in self._running_in_order():
             if budget == 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            remaining = request.num_remaining_tokens
             num_new = min(remaining, budget)
-            # The common decode step needs no new block: the current one still has a free slot.
-            if num_new_blocks(request, num_new) and not self._reserve(request, num_new, scheduled_ids, out):
+            # More tokens than the held blocks have slots for? Most decode steps still fit in the last block.
+            held = len(block_tables.get(request.request_id, ()))
+            if request.num_computed_tokens + num_new > held * block_size and \
+                    not self._reserve(request, num_new, scheduled_ids, out):
                 continue
             self._add(out, request, num_new, num_new == remaining, scheduled_ids)
             budget -= num_new
         if not out.preempted_request_ids:
             budget = self._admit_waiting(out, budget, scheduled_ids)
         return out
+
+    def _running_in_order(self) -> Iterator[tuple[Request, int]]:
+        """Running requests with their tokens left to compute: decodes (one token) first, then partial
+        prefills; each group in arrival order. Lazy: a request preempted before its turn comes is still
+        yielded (its status tells)."""
+        prefills = []
+        for request in sorted(self.running, key=_ARRIVAL_ORDER):
+            remaining = request.num_remaining_tokens
+            if remaining > 1:
+                prefills.append((request, remaining))
+            else:
+                yield request, remaining
+        yield from prefills
 
     def _reserve(self, request: Request, num_new: int, scheduled_ids: set[str], out: SchedulerOutput) -> bool:
         """Allocate the blocks `num_new` more tokens of a running request need, preempting newer requests
