@@ -8,9 +8,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_cost_model_runs_under_30s_and_is_sane(tmp_path):
     out = tmp_path / "cost.json"
     started = time.perf_counter()

@@ -91,6 +91,7 @@ def test_metrics_parsing_and_window_deltas():
     assert e["max_num_requests_waiting"] == 3 and e["prefill_tokens_computed_per_request"] == 10.0
 
 
+@pytest.mark.slow
 def test_run_case_writes_a_complete_results_file(tmp_path):
     workload = yaml.safe_load((REPO / "case_rag_chatbot" / "workload.yaml").read_text())
     workload["profiles"] = {"tiny": {
@@ -128,6 +129,7 @@ def test_run_case_writes_a_complete_results_file(tmp_path):
     assert s["engine"]["num_steps"] > 0 and s["engine"]["prefix_cache_hit_rate"] > 0
 
 
+@pytest.mark.slow
 def test_sweep_against_a_running_server(tmp_path):
     """`--base-url` (no server started) with `--sweep-users`: one window per user count, the highest that met
     the targets named."""

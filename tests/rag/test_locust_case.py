@@ -18,6 +18,7 @@ sys.path.insert(0, str(REPO / "case_rag_chatbot" / "loadtest"))
 from engine_server import EngineServer  # noqa: E402
 
 
+@pytest.mark.slow
 def test_locust_users_report_ttft_and_itl_rows(tmp_path):
     exe = shutil.which("locust", path=str(Path(sys.executable).parent)) or shutil.which("locust")
     if exe is None:
