@@ -2,6 +2,7 @@
 # The case's runs on one H200 (no network): installs the server's packages from a wheel folder if they are
 # missing, records the GPU, and runs one variant at the brief's scale (one variant per call keeps each call
 # under the device's 10-minute limit: about 6 minutes each; a 3-point sweep with 90 s windows about 8).
+#   GIT_COMMIT=$(git rev-parse HEAD) (taken here, recorded over any stale .git on the device), then
 #   GIT_COMMIT=<sha> WHEELS=.whl case_rag_chatbot/loadtest/h200_run.sh OUTDIR first_attempt
 #   GIT_COMMIT=<sha> WHEELS=.whl case_rag_chatbot/loadtest/h200_run.sh OUTDIR the_fix
 #   GIT_COMMIT=<sha> WHEELS=.whl case_rag_chatbot/loadtest/h200_run.sh OUTDIR the_fix \

@@ -159,6 +159,8 @@ def main(argv=None) -> int:
         "profile_engine_flags": profile.engine, "serve_args": serve_args,
         "workload": dataclasses.asdict(profile), "targets": profile.targets,
     }
+    if os.environ.get("GIT_COMMIT"):  # a device copy may carry a stale .git: the caller's commit wins
+        record["commit_from_git"], record["commit"] = record["commit"], os.environ["GIT_COMMIT"]
     if sweep:
         best = [r for r in runs if r["summary"]["targets_met"]["all"]]
         record["sweep_users"] = sweep
