@@ -9,6 +9,9 @@ from datetime import UTC, datetime
 
 
 def git_commit() -> str:
+    """GIT_COMMIT when set (copies sent to another machine may carry no .git or a stale one), else git's HEAD."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
