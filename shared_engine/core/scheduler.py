@@ -88,11 +88,12 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             num_new = min(remaining, budget)
             # More tokens than the held blocks have slots for? Most decode steps still fit in the last block.
-            held = len(block_tables.get(request.request_id, ()))
-            if request.num_computed_tokens + num_new > held * block_size and \
-                    not self._reserve(request, num_new, scheduled_ids, out):
-                continue
-            self._add(out, request, num_new, num_new == remaining, scheduled_ids)
+            table = block_tables.get(request.request_id, ())
+            if request.num_computed_tokens + num_new > len(table) * block_size:
+                if not self._reserve(request, num_new, scheduled_ids, out):
+                    continue
+                table = block_tables[request.request_id]
+            self._add(out, request, num_new, num_new == remaining, table, scheduled_ids)
             budget -= num_new
         if not out.preempted_request_ids:
             budget = self._admit_waiting(out, budget, scheduled_ids)
@@ -155,7 +156,8 @@ class Scheduler:
             request.num_computed_tokens = num_cached_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            self._add(out, request, num_new, num_new == num_uncached, scheduled_ids)
+            self._add(out, request, num_new, num_new == num_uncached, bm.block_tables[request.request_id],
+                      scheduled_ids)
             budget -= num_new
         self.waiting.extendleft(reversed(deferred))
         return budget
@@ -167,13 +169,12 @@ class Scheduler:
         needed = bm.blocks_for_tokens(len(cached) * bm.block_size + num_new) - len(cached) + revived
         return needed + self._watermark_blocks <= bm.num_free_blocks
 
-    def _add(self, out: SchedulerOutput, request: Request, num_new: int, needs_sample: bool,
+    def _add(self, out: SchedulerOutput, request: Request, num_new: int, needs_sample: bool, block_table: list[int],
              scheduled_ids: set[str]) -> None:
-        """Schedule tokens [num_computed_tokens, + num_new) of the request; `needs_sample` when they reach
-        its last known token."""
+        """Schedule tokens [num_computed_tokens, + num_new) of the request (whose blocks, `block_table`, have
+        slots for them); `needs_sample` when they reach its last known token."""
         start = request.num_computed_tokens
         token_ids = request.token_ids_slice(start, start + num_new)
-        block_table = self.block_manager.get_block_table(request.request_id)
         # positional arguments: one of these is built per request per step
         out.scheduled.append(ScheduledRequest(request, token_ids, start, block_table, needs_sample))
         out.num_batched_tokens += num_new
