@@ -63,8 +63,11 @@ def run_scenario(sim: Simulator, workload: WorkloadSpec, replicas: int, price, a
         probe = workload
         if args.search_requests and workload.num_requests and workload.num_requests > args.search_requests:
             probe = dataclasses.replace(workload, num_requests=args.search_requests)
-        found = fewest_replicas(lambda n: sim.run_replicas(probe, n, map_fn).summary(), workload.slo,
-                                args.max_replicas, start=replicas)
+        def simulate(n: int) -> dict | None:  # None: stopped once the SLO was certainly missed
+            metrics = sim.run_replicas(probe, n, map_fn, stop_on_slo_miss=workload.slo)
+            return None if metrics.slo_missed else metrics.summary()
+
+        found = fewest_replicas(simulate, workload.slo, args.max_replicas, start=replicas)
         section["fewest_replicas_for_slo"] = {
             "slo": workload.slo, "replicas": found and found[0], "probe_requests": probe.num_requests,
             "summary": found and found[1],

@@ -64,14 +64,14 @@ def meets_slo(summary: dict, slo: dict) -> bool:
 def fewest_replicas(simulate: Callable[[int], dict], slo: dict, max_replicas: int = 256,
                     start: int = 1) -> tuple[int, dict] | None:
     """Smallest replica count whose summary meets `slo`: doubling from `start` until one passes, then
-    bisection (more replicas never make latency worse: tests check it). `simulate(n)` returns a summary.
-    None if `max_replicas` fails."""
-    cache: dict[int, dict] = {}
+    bisection (more replicas never make latency worse: tests check it). `simulate(n)` returns a summary,
+    or None for a count known to miss the SLO (a probe stopped early). None if `max_replicas` fails."""
+    cache: dict[int, dict | None] = {}
 
     def ok(n: int) -> bool:
         if n not in cache:
             cache[n] = simulate(n)
-        return meets_slo(cache[n], slo)
+        return cache[n] is not None and meets_slo(cache[n], slo)
 
     high, low = max(1, min(start, max_replicas)), 0  # low: the largest count known to fail (0: none)
     while not ok(high):

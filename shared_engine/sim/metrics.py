@@ -36,6 +36,7 @@ class SimMetrics:
     prefix_cache_hits: int = 0
     num_replicas: int = 1
     num_blocks: int = 0
+    slo_missed: bool = False  # stopped early by a `SloWatch`: the figures cover only part of the run
 
     def on_step(self, seconds: float, kv_usage: float, num_preempted: int) -> None:
         self.num_steps += 1
@@ -71,6 +72,7 @@ class SimMetrics:
         self.num_preemptions += other.num_preemptions
         self.prefix_cache_queries += other.prefix_cache_queries
         self.prefix_cache_hits += other.prefix_cache_hits
+        self.slo_missed |= other.slo_missed
         return self
 
     def summary(self) -> dict:

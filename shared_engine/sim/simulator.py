@@ -27,6 +27,7 @@ from shared_engine.model_arch import DTYPE_BYTES, ModelArch
 from shared_engine.sampling_params import SamplingParams
 from shared_engine.sim.hardware import HardwareProfile
 from shared_engine.sim.metrics import SimMetrics
+from shared_engine.sim.slo_watch import SloWatch
 from shared_engine.sim.step_time import StepTimeModel
 from shared_engine.sim.workload import RequestSpec, WorkloadGenerator
 from shared_engine.sim.workload_spec import WorkloadSpec
@@ -80,16 +81,18 @@ class Simulator:
         return build_scheduler(self.config, self.num_blocks, self.max_model_len)
 
     def run(self, workload, metrics: SimMetrics | None = None,
-            on_step: Callable[[SchedulerOutput, float], None] | None = None) -> SimMetrics:
+            on_step: Callable[[SchedulerOutput, float], None] | None = None,
+            slo_watch: SloWatch | None = None) -> SimMetrics:
         """Simulate one replica until the workload is exhausted and every request finished.
 
         `workload` has `peek_time()`, `pop_due(now)` and `on_finish(spec, output_ids, now)` (a
-        `WorkloadGenerator` or `TraceWorkload`). `on_step(out, now)` sees every non-empty step.
+        `WorkloadGenerator` or `TraceWorkload`). `on_step(out, now)` sees every non-empty step. With
+        `slo_watch`, the run stops (`metrics.slo_missed`) as soon as the watch says its SLO is missed.
         """
         with _cyclic_gc_paused():
-            return self._run(workload, metrics or SimMetrics(num_blocks=self.num_blocks), on_step)
+            return self._run(workload, metrics or SimMetrics(num_blocks=self.num_blocks), on_step, slo_watch)
 
-    def _run(self, workload, metrics: SimMetrics, on_step) -> SimMetrics:
+    def _run(self, workload, metrics: SimMetrics, on_step, slo_watch: SloWatch | None) -> SimMetrics:
         scheduler = self.new_scheduler()
         block_manager = scheduler.block_manager
         seconds = self.step_model.seconds_from_totals
@@ -140,6 +143,9 @@ class Simulator:
                 if request.is_finished:
                     metrics.on_finish(request)
                     workload.on_finish(specs.pop(request.request_id), request.output_token_ids, now)
+                    if slo_watch is not None and slo_watch.missed(request):
+                        metrics.slo_missed = True
+                        return metrics
 
     def _stalled(self, scheduler: Scheduler, workload) -> None:
         """Nothing schedulable although requests wait: only an arrival can change that."""
@@ -149,21 +155,30 @@ class Simulator:
                                f"{scheduler.num_running}, first waiting needs {head and head.num_tokens} tokens "
                                f"of {self.num_blocks * self.config.cache.block_size} in the KV pool)")
 
-    def run_replica(self, spec: WorkloadSpec, replica: int, num_replicas: int) -> SimMetrics:
-        """Replica `replica` of `num_replicas`: its share of the workload's traffic, simulated alone."""
-        return self.run(WorkloadGenerator(spec, self.arch.vocab_size, self.max_model_len, replica, num_replicas))
+    def run_replica(self, spec: WorkloadSpec, replica: int, num_replicas: int, stop_on_slo_miss: dict | None = None
+                    ) -> SimMetrics:
+        """Replica `replica` of `num_replicas`: its share of the workload's traffic, simulated alone.
+        `stop_on_slo_miss`: an SLO; the replica stops as soon as the whole run certainly misses it."""
+        watch = None
+        if stop_on_slo_miss and spec.num_requests is not None:
+            watch = SloWatch(stop_on_slo_miss, spec.num_requests)
+        workload = WorkloadGenerator(spec, self.arch.vocab_size, self.max_model_len, replica, num_replicas)
+        return self.run(workload, slo_watch=watch if watch is not None and watch.active else None)
 
-    def run_replicas(self, spec: WorkloadSpec, num_replicas: int, map_fn: Callable = map) -> SimMetrics:
+    def run_replicas(self, spec: WorkloadSpec, num_replicas: int, map_fn: Callable = map,
+                     stop_on_slo_miss: dict | None = None) -> SimMetrics:
         """`num_replicas` independent engines, requests routed at random (sessions sticky).
 
         Replicas share nothing, so `map_fn` may run them in parallel (a process pool's `map`); they are
-        merged in replica order either way, so the result does not depend on it.
+        merged in replica order either way, so the result does not depend on it. With `stop_on_slo_miss`
+        (an SLO), a replica that finds the SLO certainly missed stops early and the result has
+        `slo_missed` set (its figures are then partial).
         """
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
         total = SimMetrics(num_replicas=num_replicas, num_blocks=self.num_blocks)
-        replicas = range(num_replicas)
-        for metrics in map_fn(self.run_replica, [spec] * num_replicas, replicas, [num_replicas] * num_replicas):
+        n = num_replicas
+        for metrics in map_fn(self.run_replica, [spec] * n, range(n), [n] * n, [stop_on_slo_miss] * n):
             total.merge(metrics)
         return total
 
