@@ -216,7 +216,7 @@ class BlockManager:
         done = len(hashes)
         if done < num_blocks:
             bs = self.block_size
-            tokens = request.token_ids_slice(done * bs, num_blocks * bs)  # one slice for all the new blocks
+            tokens = tuple(request.token_ids_slice(done * bs, num_blocks * bs))  # its slices are the blocks' keys
             parent = hashes[-1] if hashes else ROOT
             extra = None if hashes else extra_keys_for(request.lora_name, getattr(request, "lora_version", None),
                                                        request.cache_salt)
