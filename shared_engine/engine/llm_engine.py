@@ -44,8 +44,8 @@ class LLMEngine:
         logger.info(capacity_line(num_blocks, config.cache.block_size, self.max_model_len))
         r = self.runner
         logger.info("Model %s loaded (%s, %s). Cold start: weight loading %.1f s, compilation (Triton JIT, "
-                    "profiling pass) %.1f s, CUDA graph capture %.1f s, total %.1f s", self.source.name,
-                    r.dtype_name, r.device, r.load_seconds, r.compile_seconds, r.capture_seconds,
+                    "profiling pass) %.1f s, CUDA graph capture %.1f s (%d graphs), total %.1f s", self.source.name,
+                    r.dtype_name, r.device, r.load_seconds, r.compile_seconds, r.capture_seconds, r.num_cuda_graphs,
                     r.load_seconds + r.compile_seconds + r.capture_seconds)
 
     def _check_config(self, config: EngineConfig) -> None:

@@ -1,10 +1,23 @@
-"""`CudaGraphRunner`: decode-only steps replayed from CUDA graphs.
+"""`CudaGraphRunner`: decode-only steps and small mixed (prefill + decode) steps replayed from CUDA graphs.
 
-A decode step launches hundreds of small kernels; eagerly each costs about 10 µs of launch overhead on an
-H200, inside a graph about 1 µs (measured there, see the project notes). Graphs are captured once per batch
-size in `cuda_graph_sizes` over static input buffers; a step with n decodes copies its inputs into the
-buffers and replays the smallest captured graph of size >= n. Padding rows write nothing (slot -1) and
-attend to one token of block 0.
+Why: a step launches hundreds of small kernels; eagerly each costs about 10 µs of launch overhead on an
+H200, inside a graph about 1 µs (measured there, see the project notes). An eager llama-3.1-8b step
+spends ~14 ms on the host whatever its size (scripts/profile_eager_step.py), so every step that carries
+a prefill chunk used to cost 22-35 ms against 6-9 ms for a graphed decode step, and inter-token latency
+under load was set by those steps (benchmarks/results/rag_case_h200_*).
+
+Two kinds of graph share one memory pool and one set of static input buffers:
+- decode graphs, one per batch size in `decode_sizes`: n decodes replay the smallest graph of size >= n;
+- mixed graphs, one per (decode bucket D, prefill-token bucket T) from `mixed_decode_sizes` x
+  `mixed_prefill_sizes`, each with room for `max_prefill_seqs` prefill sequences. A step with nd decodes
+  and tp prefill tokens in p <= max_prefill_seqs chunks replays the smallest (D >= nd, T >= tp).
+
+Padded layout of a mixed graph (tokens and sequences): rows [0, nd) are the decodes, [nd, D) padding
+decodes (slot -1: no KV write; context 1 over whatever block the stale table row names, always a valid
+block); token rows [D, D + tp) are the prefill chunks, [D + tp, D + T) padding (slot -1, belong to no
+sequence); sequence rows [D, D + p) the chunks, [D + p, D + max_prefill_seqs) empty (query length 0, so
+the prefill kernel's programs exit at once). Padding rows compute garbage that no real row reads: every
+op but attention is row-wise, and attention reads only the cache, which padding never writes.
 """
 
 from __future__ import annotations
@@ -13,55 +26,129 @@ import torch
 
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
 
+# Prefill-token buckets for mixed graphs; beyond the largest a step is compute-bound and runs eagerly.
+PREFILL_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+DECODE_BUCKETS = (0, 8, 16, 32, 64, 128, 256, 512)
+MAX_PREFILL_SEQS = 8
+
+
+def mixed_buckets(max_num_seqs: int, max_prefill_tokens: int) -> tuple[list[int], list[int]]:
+    """(decode buckets, prefill-token buckets) for mixed graphs: every decode count up to `max_num_seqs`
+    and every prefill-token count up to `max_prefill_tokens` fits one bucket. ([], []) when the latter is 0."""
+    if max_prefill_tokens <= 0:
+        return [], []
+    decode = [d for d in DECODE_BUCKETS if d < max_num_seqs] + [max_num_seqs]
+    prefill = [t for t in PREFILL_TOKEN_BUCKETS if t < max_prefill_tokens] + [max_prefill_tokens]
+    return decode, prefill
+
 
 class CudaGraphRunner:
-    def __init__(self, model, kv_caches, backend, batch_sizes: list[int], max_blocks_per_seq: int,
+    def __init__(self, model, kv_caches, backend, *, decode_sizes: list[int], mixed_decode_sizes: list[int],
+                 mixed_prefill_sizes: list[int], max_prefill_seqs: int, max_blocks_per_seq: int,
                  max_model_len: int, device: torch.device) -> None:
-        self.batch_sizes = sorted(batch_sizes)
-        max_bs = self.batch_sizes[-1]
-        self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(max_bs, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((max_bs,), -1, dtype=torch.int64, device=device)
-        self.block_tables = torch.zeros(max_bs, max_blocks_per_seq, dtype=torch.int32, device=device)
-        self.context_lens = torch.ones(max_bs, dtype=torch.int32, device=device)
-        self.cu_seqlens_q = torch.arange(max_bs + 1, dtype=torch.int32, device=device)
+        self.decode_sizes = sorted(decode_sizes)
+        self.mixed_decode_sizes = sorted(mixed_decode_sizes)
+        self.mixed_prefill_sizes = sorted(mixed_prefill_sizes)
+        self.max_prefill_seqs = max_prefill_seqs if self.mixed_prefill_sizes else 0
+        max_tokens = max(self.decode_sizes or [0])
+        max_seqs = max_tokens
+        if self.mixed_prefill_sizes:
+            max_tokens = max(max_tokens, self.mixed_decode_sizes[-1] + self.mixed_prefill_sizes[-1])
+            max_seqs = max(max_seqs, self.mixed_decode_sizes[-1] + self.max_prefill_seqs)
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
+        self.block_tables = torch.zeros(max_seqs, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.context_lens = torch.ones(max_seqs, dtype=torch.int32, device=device)
+        self.cu_seqlens_q = torch.zeros(max_seqs + 1, dtype=torch.int32, device=device)
         self.max_model_len = max_model_len
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (decodes, prefill tokens) → graph
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        keys = [(bs, 0) for bs in self.decode_sizes]
+        keys += [(d, t) for d in self.mixed_decode_sizes for t in self.mixed_prefill_sizes]
         pool = None
-        for bs in reversed(self.batch_sizes):  # largest first, so smaller graphs reuse its memory pool
-            meta = self._meta(bs)
-            args = (self.input_ids[:bs], self.positions[:bs], kv_caches, meta, backend)
+        for key in sorted(keys, key=lambda k: (k[0] + k[1], k[1]), reverse=True):  # largest first: one pool
+            self._reset_padding(*key)
+            meta = self._meta(*key)
+            args = (self.input_ids[: sum(key)], self.positions[: sum(key)], kv_caches, meta, backend)
             model(*args)  # warm-up: Triton JIT and allocator
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = model(*args)
+                self.outputs[key] = model(*args)
             pool = graph.pool()
-            self.graphs[bs] = graph
+            self.graphs[key] = graph
         torch.cuda.synchronize(device)
 
-    def _meta(self, bs: int) -> AttentionMetadata:
+    def _meta(self, decodes: int, prefill_tokens: int) -> AttentionMetadata:
+        seqs = decodes + (self.max_prefill_seqs if prefill_tokens else 0)
+        tokens = decodes + prefill_tokens
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:bs], block_tables=self.block_tables[:bs],
-            context_lens=self.context_lens[:bs], cu_seqlens_q=self.cu_seqlens_q[: bs + 1], num_decodes=bs,
-            max_context_len=self.max_model_len, max_query_len=1, context_lens_list=[1] * bs,
-            query_lens_list=[1] * bs,
+            slot_mapping=self.slot_mapping[:tokens], block_tables=self.block_tables[:seqs],
+            context_lens=self.context_lens[:seqs], cu_seqlens_q=self.cu_seqlens_q[: seqs + 1],
+            num_decodes=decodes, max_context_len=self.max_model_len, max_query_len=max(1, prefill_tokens),
+            context_lens_list=[1] * seqs, query_lens_list=[1] * decodes + [0] * (seqs - decodes),
         )
 
-    def can_run(self, meta: AttentionMetadata, num_tokens: int) -> bool:
-        return (meta.num_decodes == meta.num_seqs == num_tokens and num_tokens <= self.batch_sizes[-1]
-                and meta.block_tables.shape[1] <= self.block_tables.shape[1])
+    def _reset_padding(self, decodes: int, prefill_tokens: int) -> None:
+        """Every row of the layout a padding row (used for capture): nothing written, nothing to attend."""
+        self.slot_mapping[: decodes + prefill_tokens].fill_(-1)
+        self.context_lens[:decodes].fill_(1)
+        if prefill_tokens:
+            self.context_lens[decodes : decodes + self.max_prefill_seqs].fill_(0)
+            self.cu_seqlens_q[decodes : decodes + self.max_prefill_seqs + 1].fill_(decodes)
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        n = input_ids.shape[0]
-        bs = next(size for size in self.batch_sizes if size >= n)
-        self.input_ids[:n].copy_(input_ids)
-        self.positions[:n].copy_(positions)
-        self.slot_mapping[:n].copy_(meta.slot_mapping)
-        self.slot_mapping[n:bs].fill_(-1)
-        self.context_lens[:n].copy_(meta.context_lens)
-        self.context_lens[n:bs].fill_(1)
-        self.block_tables[:n, : meta.block_tables.shape[1]].copy_(meta.block_tables)
-        self.graphs[bs].replay()
-        return self.outputs[bs][:n]
+    def select(self, meta: AttentionMetadata, num_tokens: int) -> tuple[int, int] | None:
+        """The graph (decode bucket, prefill-token bucket) this step's layout fits, or None (run eagerly)."""
+        nd, num_seqs = meta.num_decodes, meta.num_seqs
+        if meta.block_tables.shape[1] > self.block_tables.shape[1]:
+            return None
+        if nd == num_seqs:
+            if nd != num_tokens:
+                return None
+            bs = next((s for s in self.decode_sizes if s >= nd), None)
+            if bs is not None:
+                return (bs, 0)
+        prefill_tokens = num_tokens - nd
+        if num_seqs - nd > self.max_prefill_seqs:
+            return None
+        d = next((s for s in self.mixed_decode_sizes if s >= nd), None)
+        t = next((s for s in self.mixed_prefill_sizes if s >= prefill_tokens), None)
+        if d is None or t is None:
+            return None
+        return (d, t)
+
+    @torch.inference_mode()
+    def run(self, key: tuple[int, int], input_ids: torch.Tensor, positions: torch.Tensor,
+            meta: AttentionMetadata) -> torch.Tensor:
+        """Replay graph `key` (from `select`) for this step; returns hidden states in the step's own
+        (unpadded) token order, `[num_tokens, hidden]`."""
+        d, t = key
+        nd, n = meta.num_decodes, input_ids.shape[0]
+        width = meta.block_tables.shape[1]
+        self.input_ids[:nd].copy_(input_ids[:nd])
+        self.positions[:nd].copy_(positions[:nd])
+        self.slot_mapping[:nd].copy_(meta.slot_mapping[:nd])
+        self.slot_mapping[nd:d].fill_(-1)
+        self.context_lens[:nd].copy_(meta.context_lens[:nd])
+        self.context_lens[nd:d].fill_(1)
+        self.block_tables[:nd, :width].copy_(meta.block_tables[:nd])
+        if t == 0:
+            self.graphs[key].replay()
+            return self.outputs[key][:nd]
+        tp, p = n - nd, meta.num_seqs - nd
+        self.input_ids[d : d + tp].copy_(input_ids[nd:])
+        self.positions[d : d + tp].copy_(positions[nd:])
+        self.slot_mapping[d : d + tp].copy_(meta.slot_mapping[nd:])
+        self.slot_mapping[d + tp : d + t].fill_(-1)
+        self.context_lens[d : d + p].copy_(meta.context_lens[nd:])
+        self.context_lens[d + p : d + self.max_prefill_seqs].fill_(0)
+        self.block_tables[d : d + p, :width].copy_(meta.block_tables[nd:])
+        # prefill sequence j starts at token d + (cu[nd + j] - nd); empty sequences after the last chunk
+        self.cu_seqlens_q[d : d + p + 1].copy_(meta.cu_seqlens_q[nd:] + (d - nd))
+        self.cu_seqlens_q[d + p + 1 : d + self.max_prefill_seqs + 1].fill_(d + tp)
+        self.graphs[key].replay()
+        out = self.outputs[key]
+        if nd == d:
+            return out[: d + tp]
+        return torch.cat((out[:nd], out[d : d + tp]))

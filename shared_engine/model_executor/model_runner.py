@@ -11,7 +11,7 @@ import torch
 from shared_engine.config import EngineConfig
 from shared_engine.core.scheduler_output import SchedulerOutput
 from shared_engine.model_executor.attention.registry import get_backend
-from shared_engine.model_executor.cuda_graph_runner import CudaGraphRunner
+from shared_engine.model_executor.cuda_graph_runner import MAX_PREFILL_SEQS, CudaGraphRunner, mixed_buckets
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
@@ -49,6 +49,9 @@ class ModelRunner:
         self.compile_seconds = 0.0  # first forward pass (Triton JIT) during profiling
         self.gpu_span_seconds = 0.0  # CUDA: device time from the first kernel of a step to its sampled ids
         self.capture_seconds = 0.0
+        self.num_cuda_graphs = 0
+        self.graph_steps = 0  # steps replayed from a CUDA graph (the rest ran eagerly)
+        self.mixed_graph_steps = 0  # of those, steps with prefill chunks
 
     def _load(self, source: ModelSource) -> torch.nn.Module:
         torch.manual_seed(self.config.model.seed)
@@ -109,19 +112,28 @@ class ModelRunner:
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_layers)]
 
     def capture_cuda_graphs(self) -> None:
-        """Capture decode graphs (CUDA, unless `enforce_eager`) for `cuda_graph_sizes` up to max_num_seqs."""
+        """Capture CUDA graphs (CUDA, unless `enforce_eager`): decode-only steps for `cuda_graph_sizes` up
+        to max_num_seqs, and mixed prefill + decode steps up to `cuda_graph_max_prefill_tokens` prefill
+        tokens (see `CudaGraphRunner`)."""
         cfg = self.config
         if self.device.type != "cuda" or cfg.device.enforce_eager:
             return
-        sizes = [s for s in cfg.device.cuda_graph_sizes if s <= cfg.scheduler.max_num_seqs]
-        if not sizes:
+        max_num_seqs = cfg.scheduler.max_num_seqs
+        decode_sizes = [s for s in cfg.device.cuda_graph_sizes if s <= max_num_seqs]
+        max_prefill = min(cfg.device.cuda_graph_max_prefill_tokens, cfg.scheduler.token_budget)
+        mixed_decode, mixed_prefill = mixed_buckets(max_num_seqs, max_prefill)
+        if not decode_sizes and not mixed_prefill:
             return
         started = time.perf_counter()
         max_len = cfg.model.max_model_len
         with torch.inference_mode():
-            self.graph_runner = CudaGraphRunner(self.model, self.kv_caches, self.backend, sizes,
-                                                -(-max_len // self.block_size), max_len, self.device)
+            self.graph_runner = CudaGraphRunner(
+                self.model, self.kv_caches, self.backend, decode_sizes=decode_sizes,
+                mixed_decode_sizes=mixed_decode, mixed_prefill_sizes=mixed_prefill,
+                max_prefill_seqs=min(MAX_PREFILL_SEQS, max_num_seqs), max_blocks_per_seq=-(-max_len // self.block_size),
+                max_model_len=max_len, device=self.device)
         self.capture_seconds = time.perf_counter() - started
+        self.num_cuda_graphs = len(self.graph_runner.graphs)
 
     # ---- one step ------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -132,8 +144,11 @@ class ModelRunner:
         inputs = build_inputs(out, self.block_size, self.device)
         if timing:
             start.record()
-        if self.graph_runner is not None and self.graph_runner.can_run(inputs.meta, inputs.input_ids.shape[0]):
-            hidden = self.graph_runner.run(inputs.input_ids, inputs.positions, inputs.meta)
+        key = None if self.graph_runner is None else self.graph_runner.select(inputs.meta, inputs.input_ids.shape[0])
+        if key is not None:
+            hidden = self.graph_runner.run(key, inputs.input_ids, inputs.positions, inputs.meta)
+            self.graph_steps += 1
+            self.mixed_graph_steps += key[1] > 0
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         prompt_logprobs = self._prompt_logprobs(out, hidden, inputs)

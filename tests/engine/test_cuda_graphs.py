@@ -1,0 +1,126 @@
+"""CUDA graphs replay exactly what the eager forward computes: decode-only and mixed prefill + decode steps
+(padding rows, cached prefixes, several chunks), and whole greedy generations with graphs on vs off."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from shared_engine import LLM, SamplingParams
+from shared_engine.config import EngineConfig
+from shared_engine.core.request import Request
+from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from shared_engine.model_executor.cuda_graph_runner import mixed_buckets
+from shared_engine.model_executor.input_builder import build_inputs
+from shared_engine.model_executor.model_runner import ModelRunner
+from shared_engine.model_loader.model_source import resolve_model
+
+pytestmark = pytest.mark.gpu
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def small_model_dir(tmp_path_factory):
+    """2 layers, GQA 8/2, head_dim 64, fp32 dummy weights: small, but the kernels' real code paths."""
+    path = tmp_path_factory.mktemp("small-llama")
+    config = {
+        "architectures": ["LlamaForCausalLM"], "vocab_size": 1024, "hidden_size": 512, "intermediate_size": 1024,
+        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "max_position_embeddings": 1024, "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_id": 2,
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def runner(small_model_dir):
+    config = EngineConfig.from_flat(model=str(small_model_dir), load_format="dummy", dtype="float32",
+                                    max_model_len=1024, max_num_seqs=24, max_num_batched_tokens=256,
+                                    device="cuda")
+    runner = ModelRunner(config, resolve_model(str(small_model_dir), "dummy", None))
+    runner.allocate_kv_cache(600)
+    runner.capture_cuda_graphs()
+    return runner
+
+
+def random_step(rng: random.Random, num_decodes: int, chunks: list[tuple[int, int]]) -> SchedulerOutput:
+    """Decodes at random contexts, then prefill chunks (cached prefix length, chunk length); each sequence
+    owns distinct random blocks."""
+    free = list(range(1, 600))
+    rng.shuffle(free)
+    scheduled = []
+
+    def add(start: int, n: int) -> None:
+        blocks = [free.pop() for _ in range(-(-(start + n) // BLOCK))]
+        request = Request(f"r{len(scheduled)}", [3] * (start + n), SamplingParams(max_tokens=1), max_tokens=1)
+        ids = [rng.randrange(1024) for _ in range(n)]
+        scheduled.append(ScheduledRequest(request, ids, start, blocks, True))
+
+    for _ in range(num_decodes):
+        add(rng.randrange(1, 300), 1)
+    for prefix, n in chunks:
+        add(prefix, n)
+    return SchedulerOutput(scheduled, num_batched_tokens=sum(s.num_new_tokens for s in scheduled))
+
+
+LAYOUTS = [
+    (5, []),  # decode-only, padded to 8
+    (3, [(0, 40)]),  # one fresh prompt
+    (7, [(32, 100), (0, 17)]),  # a cached prefix (block multiple) and a fresh chunk
+    (0, [(5, 60), (0, 1), (200, 30)]),  # prefill only; a one-token chunk
+    (20, [(0, 130), (48, 64), (0, 33), (16, 2)]),  # decodes padded to the max bucket
+]
+
+
+@pytest.mark.parametrize("num_decodes,chunks", LAYOUTS)
+def test_graph_step_equals_eager_step(runner, num_decodes, chunks):
+    rng = random.Random(num_decodes * 101 + len(chunks))
+    out = random_step(rng, num_decodes, chunks)
+    inputs = build_inputs(out, BLOCK, runner.device)
+    key = runner.graph_runner.select(inputs.meta, inputs.input_ids.shape[0])
+    assert key is not None and key[0] >= num_decodes and (key[1] > 0) == bool(chunks)
+    for cache in runner.kv_caches:
+        cache.normal_()  # cached prefixes hold arbitrary K/V
+    caches_before = [c.clone() for c in runner.kv_caches]
+    with torch.inference_mode():
+        eager = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta, runner.backend)
+        eager_caches = [c.clone() for c in runner.kv_caches]
+        for cache, before in zip(runner.kv_caches, caches_before):
+            cache.copy_(before)
+        graphed = runner.graph_runner.run(key, inputs.input_ids, inputs.positions, inputs.meta).clone()
+    assert graphed.shape == eager.shape
+    torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-4)
+    for graphed_cache, eager_cache in zip(runner.kv_caches, eager_caches):
+        torch.testing.assert_close(graphed_cache, eager_cache, rtol=1e-5, atol=1e-5)  # padding wrote nothing
+
+
+def test_too_many_chunks_or_tokens_run_eagerly(runner):
+    rng = random.Random(0)
+    nine_chunks = random_step(rng, 2, [(0, 8)] * 9)
+    inputs = build_inputs(nine_chunks, BLOCK, runner.device)
+    assert runner.graph_runner.select(inputs.meta, inputs.input_ids.shape[0]) is None
+    decode, prefill = mixed_buckets(24, 256)
+    assert decode[-1] == 24 and prefill[-1] == 256 and mixed_buckets(24, 0) == ([], [])
+
+
+def test_greedy_generation_graphs_equal_eager(small_model_dir):
+    """Staggered prompt lengths under a 64-token budget: most steps mix decodes with prefill chunks."""
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 1024) for _ in range(rng.randrange(5, 300))] for _ in range(12)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    results = {}
+    for eager in (True, False):
+        llm = LLM(str(small_model_dir), load_format="dummy", dtype="float32", max_model_len=1024,
+                  max_num_seqs=8, max_num_batched_tokens=64, enforce_eager=eager, device="cuda")
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        results[eager] = [o.outputs[0].token_ids for o in outs]
+        if not eager:
+            runner = llm.engine.runner
+            assert runner.mixed_graph_steps > 0 and runner.graph_steps > runner.mixed_graph_steps
+        del llm
+        torch.cuda.empty_cache()
+    assert results[False] == results[True]
