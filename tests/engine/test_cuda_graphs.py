@@ -93,9 +93,12 @@ def test_graph_step_equals_eager_step(runner, num_decodes, chunks):
             cache.copy_(before)
         graphed = runner.graph_runner.run(key, inputs.input_ids, inputs.positions, inputs.meta).clone()
     assert graphed.shape == eager.shape
-    torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-4)
+    # Triton's fp32 tl.dot runs in TF32 and the graph's decode kernel splits the context differently
+    # (sized for max_model_len), so rows agree to ~1e-3 relative; a wrong layout is off by O(1).
+    row_error = (graphed - eager).norm(dim=-1) / eager.norm(dim=-1)
+    assert row_error.max().item() < 2e-3, row_error
     for graphed_cache, eager_cache in zip(runner.kv_caches, eager_caches):
-        torch.testing.assert_close(graphed_cache, eager_cache, rtol=1e-5, atol=1e-5)  # padding wrote nothing
+        torch.testing.assert_close(graphed_cache, eager_cache, rtol=0, atol=0)  # same writes; padding none
 
 
 def test_too_many_chunks_or_tokens_run_eagerly(runner):
