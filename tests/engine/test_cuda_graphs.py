@@ -97,8 +97,10 @@ def test_graph_step_equals_eager_step(runner, num_decodes, chunks):
     # (sized for max_model_len), so rows agree to ~1e-3 relative; a wrong layout is off by O(1).
     row_error = (graphed - eager).norm(dim=-1) / eager.norm(dim=-1)
     assert row_error.max().item() < 2e-3, row_error
-    for graphed_cache, eager_cache in zip(runner.kv_caches, eager_caches):
-        torch.testing.assert_close(graphed_cache, eager_cache, rtol=0, atol=0)  # same writes; padding none
+    for graphed_cache, eager_cache, before in zip(runner.kv_caches, eager_caches, caches_before):
+        written = eager_cache != before
+        assert torch.equal(graphed_cache[~written], before[~written])  # padding rows wrote nothing
+        torch.testing.assert_close(graphed_cache[written], eager_cache[written], rtol=1e-2, atol=1e-2)
 
 
 def test_too_many_chunks_or_tokens_run_eagerly(runner):
