@@ -110,7 +110,10 @@ class LLMEngine:
         out = self.scheduler.schedule(time.time())
         if out.is_empty:
             return []
+        scheduled = time.perf_counter()
+        gpu_before = self.runner.gpu_span_seconds
         result = self.runner.execute(out)
+        executed = time.perf_counter()
         now = time.time()
         tokens = {rid: r.token_id for rid, r in result.sampled.items()}
         updated = self.scheduler.update_from_output(out, tokens, now)
@@ -124,5 +127,8 @@ class LLMEngine:
             if request.is_finished:
                 self.runner.release(request.request_id)
         outputs = self.outputs.collect(updated)
-        self.stats.on_step(out, len(updated), time.perf_counter() - started, self.scheduler, self.block_manager)
+        finished = time.perf_counter()
+        self.stats.on_step(out, len(updated), finished - started, self.scheduler, self.block_manager,
+                           phases=(scheduled - started, executed - scheduled, finished - executed,
+                                   self.runner.gpu_span_seconds - gpu_before))
         return outputs

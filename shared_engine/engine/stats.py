@@ -23,9 +23,15 @@ class EngineStats:
     _window_generation: int = 0
     _window_queries: int = 0
     _window_hits: int = 0
+    _window_steps: int = 0
+    # seconds in the window: [whole steps, scheduling, model runner, output processing, GPU span (CUDA)]
+    _window_phases: list[float] = field(default_factory=lambda: [0.0] * 5)
     _last_log: float = field(default_factory=time.monotonic)
 
-    def on_step(self, out, num_sampled: int, seconds: float, scheduler, block_manager) -> None:
+    def on_step(self, out, num_sampled: int, seconds: float, scheduler, block_manager,
+                phases: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)) -> None:
+        """`phases`: seconds of this step spent scheduling, in the model runner, processing outputs, and
+        the runner's GPU span (first kernel to sampled ids; 0 on CPU)."""
         self._on_prefix_counters(scheduler.prefix_cache_queries, scheduler.prefix_cache_hits)
         prompt = out.num_batched_tokens - out.num_decode_tokens
         self.num_prompt_tokens_total += prompt
@@ -34,6 +40,9 @@ class EngineStats:
         self.step_seconds_total += seconds
         self._window_prompt += prompt
         self._window_generation += num_sampled
+        self._window_steps += 1
+        for i, value in enumerate((seconds, *phases)):
+            self._window_phases[i] += value
         now = time.monotonic()
         if now - self._last_log >= LOG_INTERVAL_S:
             self._log(now, scheduler, block_manager)
@@ -52,5 +61,14 @@ class EngineStats:
             self._window_prompt / elapsed, self._window_generation / elapsed, scheduler.num_running,
             scheduler.num_waiting, 100.0 * block_manager.usage, hit_rate,
         )
+        if self._window_steps:
+            ms = [1e3 * v / self._window_steps for v in self._window_phases]
+            gaps = 1e3 * max(0.0, elapsed - self._window_phases[0]) / self._window_steps
+            logger.info(
+                "Step time: %d steps, mean %.1f ms (schedule %.1f, model %.1f [GPU span %.1f], outputs %.1f), "
+                "%.1f ms between steps", self._window_steps, ms[0], ms[1], ms[2], ms[4], ms[3], gaps,
+            )
         self._last_log = now
+        self._window_steps = 0
+        self._window_phases = [0.0] * 5
         self._window_prompt = self._window_generation = self._window_queries = self._window_hits = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 
@@ -48,6 +49,10 @@ class AsyncEngine:
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        # The engine thread and the event loop share the GIL. With CPython's default 5 ms switch interval
+        # the engine thread, back from a GPU wait while the loop streams responses, can wait up to 5 ms
+        # for the GIL, more than once per step; 1 ms bounds that wait (at some switching cost).
+        sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
         self._loop = loop
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
