@@ -142,6 +142,13 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
+# The heuristic's largest split count. The reduce kernel is always compiled for this many splits (masked),
+# so a step whose batch or context length picks a new split count does not trigger a Triton compile in the
+# middle of serving (each compile stalls the engine for about a second; this was the first seconds of
+# TTFT in the H200 qwen3-0.6b runs).
+MAX_SPLITS = 64
+
+
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int = 132) -> int:
     """Splits per sequence: about two programs per SM, each split >= 512 tokens.
 
@@ -153,7 +160,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, nu
     programs = max(1, num_seqs * num_kv_heads)
     wanted = math.ceil(2 * num_sms / programs)
     by_length = max(1, max_context_len // 512)
-    return int(max(1, min(wanted, by_length, 64)))
+    return int(max(1, min(wanted, by_length, MAX_SPLITS)))
 
 
 def paged_decode_attention(
@@ -224,6 +231,6 @@ def paged_decode_attention(
     if not direct:
         _decode_reduce_kernel[(num_seqs, num_q_heads)](
             part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+            HEAD_DIM=head_dim, SPLITS_PAD=max(MAX_SPLITS, triton.next_power_of_2(num_splits)), num_warps=4,
         )  # fmt: skip
     return out
