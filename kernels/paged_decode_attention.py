@@ -22,6 +22,7 @@ from kernels._checks import (
     check_tensor,
     device_num_sms,
 )
+from kernels._jit import serving_jit
 
 
 def gather_paged_kv(
@@ -57,7 +58,7 @@ def paged_decode_attention_ref(
     return out
 
 
-@triton.jit
+@serving_jit(ints=("num_splits", "stride_bts"))
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
@@ -119,7 +120,7 @@ def _decode_split_kernel(
         tl.store(part_lse_ptr + row, lse, mask=g_mask)
 
 
-@triton.jit
+@serving_jit(ints=("num_splits",))
 def _decode_reduce_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride_os, stride_oh,
     HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
@@ -144,13 +145,13 @@ def _decode_reduce_kernel(
 
 # The heuristic's largest split count. The reduce kernel is always compiled for this many splits (masked),
 # so a step whose batch or context length picks a new split count does not trigger a Triton compile in the
-# middle of serving (each compile stalls the engine for about a second; this was the first seconds of
-# TTFT in the H200 qwen3-0.6b runs).
+# middle of serving (each compile stalls the engine for about a second).
 MAX_SPLITS = 64
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int = 132) -> int:
-    """Splits per sequence: about two programs per SM, each split >= 512 tokens.
+    """Splits per sequence: about two programs per SM, each split >= 128 tokens (two BLOCK_N tiles; at
+    batch 1 on the H200 one unsplit program per kv head left decode attention latency-bound).
 
     On the H200 (132 SMs), batch 64 x 8 kv heads ran fastest unsplit at 1k-16k tokens (see
     benchmarks/KERNEL_NOTES.md); splits pay when seqs * kv_heads is small next to the SM count.
@@ -159,7 +160,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, nu
     """
     programs = max(1, num_seqs * num_kv_heads)
     wanted = math.ceil(2 * num_sms / programs)
-    by_length = max(1, max_context_len // 512)
+    by_length = max(1, max_context_len // 128)
     return int(max(1, min(wanted, by_length, MAX_SPLITS)))
 
 

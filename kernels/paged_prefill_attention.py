@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_paged_attention_args, check_same_device, check_shape, check_tensor
+from kernels._jit import serving_jit
 from kernels.paged_decode_attention import gather_paged_kv
 
 
@@ -68,7 +69,8 @@ def _attend_kv_range(
     return m_i, l_i, acc
 
 
-@triton.jit
+@serving_jit(ints=("stride_bts",), pointers=("q_ptr", "block_tables_ptr", "cu_seqlens_q_ptr", "context_lens_ptr",
+                                            "out_ptr"))
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
     scale, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_ot, stride_oh,
