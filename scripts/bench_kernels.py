@@ -4,7 +4,8 @@ Usage: python scripts/bench_kernels.py --out results.json [--sweep] [--commit SH
 
 Ceilings measured in the same run: device-to-device copy bandwidth (bytes read + written) and a bf16
 8192^3 matrix product. Decode attention (batch 64, 32 q / 8 kv heads, head_dim 128, bf16, block size 16,
-shuffled block tables) is compared with torch SDPA(enable_gqa=True) on contiguous K/V of the same shapes.
+shuffled block tables) is compared with torch SDPA(enable_gqa=True) on contiguous K/V of the same shapes;
+shared-prefix decode (the same heads, a 4096-token shared prefix) with paged decode attention on the same data.
 Times are medians of triton.testing.do_bench (CUDA events, L2 flushed between runs), in microseconds.
 """
 
@@ -39,6 +40,7 @@ from kernels import (  # noqa: E402
     write_kv_cache,
     write_kv_cache_ref,
 )
+from kernels.shared_prefix_decode_attention import shared_prefix_decode_attention  # noqa: E402
 
 DEV, BF16 = "cuda", torch.bfloat16
 NUM_SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
@@ -144,6 +146,41 @@ def bench_decode_small_batch(copy_gbs: float, gen) -> list[dict]:
             row = {"batch": batch, "context": ctx, "num_splits": splits, "heuristic": splits == heuristic}
             rows.append({**row, "us": t, "pct_copy_bw": 100 * nbytes / t / 1e3 / copy_gbs})
     return rows
+
+
+def bench_shared_prefix_decode(copy_gbs: float, gen, prefix: int = 4096) -> dict:
+    """RAG decode step: batch 64 sharing a 4096-token prefix (same blocks) plus own suffixes of 1536-1900
+    tokens; shared_prefix_decode_attention against paged_decode_attention on the same caches and tables."""
+    batch, hq, hk, d, bs = 64, 32, 8, 128, 16
+    suffix = torch.randint(1536, 1901, (batch,), device=DEV, generator=gen)
+    own = -(-1900 // bs)
+    nblk = prefix // bs + batch * own
+    k_cache = torch.randn(nblk, bs, hk, d, device=DEV, dtype=BF16)
+    v_cache = torch.randn_like(k_cache)
+    perm = torch.randperm(nblk, device=DEV, generator=gen).int()
+    prefix_blocks = torch.zeros(2 * prefix // bs, dtype=torch.int32, device=DEV)  # room for 8192 tokens
+    prefix_blocks[: prefix // bs] = perm[: prefix // bs]
+    bt = torch.cat([perm[: prefix // bs].expand(batch, -1), perm[prefix // bs :].view(batch, own)], dim=1)
+    lens = (prefix + suffix).int()
+    prefix_len = torch.tensor([prefix], dtype=torch.int32, device=DEV)
+    q = torch.randn(batch, hq, d, device=DEV, dtype=BF16)
+    out, ref = torch.empty_like(q), torch.empty_like(q)
+    max_ctx = bt.shape[1] * bs
+    t_paged = bench_us(lambda: paged_decode_attention(q, k_cache, v_cache, bt, lens, d**-0.5, out=ref))
+    t_ours = bench_us(
+        lambda: shared_prefix_decode_attention(
+            q, k_cache, v_cache, bt, lens, prefix_blocks, prefix_len, d**-0.5, out=out, max_context_len=max_ctx
+        )
+    )
+    suffix_bytes = 2 * int(suffix.sum()) * hk * d * 2
+    return {
+        "shape": f"batch {batch}, {hq}/{hk} heads, d{d}, bs{bs}, prefix {prefix} + suffix 1536-1900, bf16",
+        "ours_us": t_ours,
+        "paged_decode_us": t_paged,
+        "speedup": t_paged / t_ours,
+        "ours_pct_copy_bw": 100 * (suffix_bytes + 2 * prefix * hk * d * 2) / t_ours / 1e3 / copy_gbs,
+        "rel_err_vs_paged": rel_err(out, ref),
+    }
 
 
 def bench_prefill(matmul_tflops: float, sweep: bool, gen, qlen: int = 2048) -> dict:
@@ -270,6 +307,8 @@ def main() -> None:
         torch.cuda.empty_cache()
         print(f"decode {ctx}: {json.dumps({k: v for k, v in results['decode'][-1].items() if k != 'sweep'})}")
     results["decode_small_batch"] = bench_decode_small_batch(copy_gbs, gen)
+    results["shared_prefix_decode"] = bench_shared_prefix_decode(copy_gbs, gen)
+    print(f"shared-prefix decode: {json.dumps(results['shared_prefix_decode'])}", flush=True)
     results["prefill"] = bench_prefill(results["ceilings"]["bf16_matmul_TFLOPs"], args.sweep, gen)
     results["elementwise"] = bench_elementwise(copy_gbs, gen)
     Path(args.out).write_text(json.dumps(results, indent=1))
