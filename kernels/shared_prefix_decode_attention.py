@@ -36,6 +36,7 @@ from kernels._jit import serving_jit
 from kernels.paged_decode_attention import (
     MAX_SPLITS,
     _decode_reduce_kernel,
+    attend_paged_kv,
     choose_num_splits,
     paged_decode_attention_ref,
 )
@@ -94,7 +95,6 @@ def _prefix_split_kernel(
     seq = rows // QUERIES_PER_KV
     q_heads = kv_head * QUERIES_PER_KV + rows % QUERIES_PER_KV
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tl.arange(0, BLOCK_N)
     q = tl.load(
         q_ptr + seq[:, None] * stride_qs + q_heads[:, None] * stride_qh + offs_d[None, :],
         mask=r_mask[:, None], other=0.0,
@@ -104,21 +104,10 @@ def _prefix_split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     head_off = kv_head * stride_ch
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + offs_n
-        valid = pos < end
-        block = tl.load(prefix_blocks_ptr + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        kv_off = (block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + head_off)[:, None] + offs_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N]
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    m_i, l_i, acc = attend_paged_kv(
+        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, prefix_blocks_ptr, head_off, start, end, qk_scale,
+        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+    )  # fmt: skip
 
     has_tokens = l_i > 0
     out = acc / tl.where(has_tokens, l_i, 1.0)[:, None]  # empty split: zeros, never NaN
@@ -151,7 +140,6 @@ def _suffix_split_kernel(
 
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tl.arange(0, BLOCK_N)
     q_heads = kv_head * QUERIES_PER_KV + offs_g
     g_mask = offs_g < QUERIES_PER_KV
     q = tl.load(
@@ -164,21 +152,10 @@ def _suffix_split_kernel(
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
     bt_row = block_tables_ptr + seq * stride_bts
     head_off = kv_head * stride_ch
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + offs_n
-        valid = pos < end
-        block = tl.load(bt_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        kv_off = (block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + head_off)[:, None] + offs_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [GROUP_PAD, BLOCK_N]
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    m_i, l_i, acc = attend_paged_kv(
+        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, start, end, qk_scale,
+        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+    )  # fmt: skip
 
     has_tokens = l_i > 0
     out = acc / tl.where(has_tokens, l_i, 1.0)[:, None]
