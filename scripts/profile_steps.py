@@ -116,6 +116,8 @@ def scenarios(budget: int, max_len: int, quick: bool, gpu: bool = False) -> list
         grid = [(128, [1, 8, 32, 64, 128, 256, 448]), (1024, [1, 16, 64, 128, 256, 448]), (2000, [64, 384]),
                 (4000, [4, 16])]
     for ctx, batches in grid:
+        if ctx + 12 > max_len:  # profile at the workload's max_model_len: skip contexts it cannot hold
+            continue
         for b in batches:
             cases.append((f"decode-b{b}-ctx{ctx}", [(ctx, 12)] * b, []))
     if not quick:
