@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 
 import shared_engine
 from shared_engine.config import EngineConfig
-from shared_engine.entrypoints.openai.async_engine import AsyncEngine
+from shared_engine.entrypoints.openai.async_engine import AsyncEngine, AsyncEngineBase
 from shared_engine.entrypoints.openai.errors import bad_request, error_response, install_error_handlers
 from shared_engine.entrypoints.openai.metrics import ServerMetrics
 from shared_engine.entrypoints.openai.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
@@ -42,13 +42,14 @@ logger = logging.getLogger("shared_engine.server")
 
 
 def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
-    """An app serving `engine` (an `LLMEngine`); the engine thread starts with the app's lifespan."""
+    """An app serving `engine`: an `LLMEngine` (stepped in a thread of this process, started with the
+    app's lifespan) or an `AsyncEngineBase` such as `EngineCoreClient` (the engine core in its own
+    process). The app's lifespan starts and shuts down the engine."""
     server_config = server_config or ServerConfig()
-    model_name = engine.config.model.served_model_name or engine.source.name
-    metrics_holder: list[ServerMetrics] = []
-    async_engine = AsyncEngine(engine, on_step=lambda: metrics_holder[0].on_step())
+    async_engine = engine if isinstance(engine, AsyncEngineBase) else AsyncEngine(engine)
+    model_name = async_engine.config.model.served_model_name or async_engine.source.name
     metrics = ServerMetrics(async_engine, model_name)
-    metrics_holder.append(metrics)
+    async_engine.on_step = metrics.on_step
     ctx = ServingContext(async_engine, metrics, model_name, server_config)
     completions, chat = ServingCompletions(ctx), ServingChat(ctx)
 
@@ -75,8 +76,8 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
 
     @app.get("/v1/models", response_model=ModelList, responses=error_responses(401), summary="List models")
     async def list_models():
-        card = ModelCard(id=model_name, root=engine.source.name, max_model_len=engine.max_model_len,
-                         vocab_size=engine.source.arch.vocab_size)
+        card = ModelCard(id=model_name, root=async_engine.source.name, max_model_len=async_engine.max_model_len,
+                         vocab_size=async_engine.source.arch.vocab_size)
         return ModelList(data=[card])
 
     @app.get("/health", responses={200: {"content": {"application/json": {}}}, **error_responses(503)},
@@ -101,19 +102,19 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
             ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
             raise bad_request("give prompt or messages")
-        return TokenizeResponse(count=len(ids), max_model_len=engine.max_model_len, tokens=ids)
+        return TokenizeResponse(count=len(ids), max_model_len=async_engine.max_model_len, tokens=ids)
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=error_responses(400, 404))
     async def detokenize(body: DetokenizeRequest):
         ctx.check_model(body.model)
-        vocab = engine.source.arch.vocab_size
+        vocab = async_engine.source.arch.vocab_size
         if any(t >= vocab for t in body.tokens):
             raise bad_request(f"token ids must be in [0, {vocab})", "tokens")
         return DetokenizeResponse(prompt=ctx.need_tokenizer().decode(body.tokens))
 
     @app.get("/version", response_model=VersionResponse)
     async def version():
-        return VersionResponse(version=shared_engine.__version__, engine_config=engine.config.to_flat())
+        return VersionResponse(version=shared_engine.__version__, engine_config=async_engine.config.to_flat())
 
     install_openapi(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=server_config.max_request_body_bytes)
@@ -124,12 +125,22 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None:
-    """Build the engine (logs the KV capacity line), then serve until interrupted."""
+    """Build the engine (logs the KV capacity line), then serve until interrupted. The engine core runs
+    in its own process unless `server_config.disable_frontend_multiprocessing`.
+
+    Raises:
+        EngineCoreStartError: the engine core process could not build the engine.
+    """
     import uvicorn
 
-    from shared_engine.engine.llm_engine import LLMEngine
+    if server_config.disable_frontend_multiprocessing:
+        from shared_engine.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine(engine_config)
+        engine = LLMEngine(engine_config)
+    else:
+        from shared_engine.entrypoints.openai.engine_core_client import EngineCoreClient
+
+        engine = EngineCoreClient(engine_config)
     app = create_app(engine, server_config)
     host, port = server_config.host, server_config.port
     logger.info("Serving %s on http://%s:%d", app.state.ctx.model_name, host, port)

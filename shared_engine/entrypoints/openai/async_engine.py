@@ -1,10 +1,13 @@
-"""`AsyncEngine`: runs `LLMEngine.step()` in a dedicated thread beside the asyncio event loop.
+"""The server's view of the engine: requests in, `RequestOutput`s out, on the asyncio event loop.
 
-The event loop never waits on a model step. Requests and aborts go to the engine thread through a
-command queue that it drains before every step, so an abort takes effect before the next step (its KV
-blocks are freed then). Each request's `RequestOutput`s come back through its own `asyncio.Queue`.
-If a step raises, the engine is dead: every in-flight request gets `EngineDeadError`, `healthy` turns
-False, and new requests are refused.
+`AsyncEngineBase` routes each request's outputs to its `asyncio.Queue`, validates and queues requests,
+refuses them when overloaded or dead, and aborts requests whose consumer went away. Two transports:
+- `AsyncEngine` (this file): `LLMEngine.step()` in a thread beside the event loop, sharing its GIL
+  (`--disable-frontend-multiprocessing`, and what `create_app(LLMEngine)` builds, e.g. in tests);
+- `EngineCoreClient` (engine_core_client.py): the engine core in its own process (the `serve` default).
+Requests and aborts reach the engine before its next step, so an abort frees its KV blocks then. If a
+step raises, the engine is dead: every in-flight request gets `EngineDeadError`, `healthy` turns False,
+and new requests are refused.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 
+from shared_engine.engine.engine_snapshot import EngineSnapshot
 from shared_engine.engine.request_validator import validate_request
 from shared_engine.outputs import RequestOutput
 from shared_engine.sampling_params import SamplingParams
@@ -33,50 +37,54 @@ class OverloadedError(RuntimeError):
     """More requests are waiting than `max_waiting_requests` allows."""
 
 
-class AsyncEngine:
-    def __init__(self, engine, on_step: Callable[[], None] | None = None) -> None:
-        self.engine = engine
+class AsyncEngineBase:
+    """Subclasses set `config`, `source`, `max_model_len`, `tokenizer` and implement the transport:
+    `start`, `shutdown`, `healthy`, `snapshot`, `_num_in_transit`, `_submit_add`, `_submit_abort`.
+    `on_step(num_tokens)`, if set, is called after every engine step (from any thread)."""
+
+    config = source = tokenizer = None
+    max_model_len: int = 0
+
+    def __init__(self, on_step: Callable[[int], None] | None = None) -> None:
         self.on_step = on_step
         self.error: BaseException | None = None
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._wakeup = threading.Event()
         self._streams: dict[str, asyncio.Queue] = {}  # touched on the event loop only
-        self._num_queued_adds = 0
-        self._count_lock = threading.Lock()
-        self._stop = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
 
-    # ---- lifecycle -----------------------------------------------------------------------------------
+    # ---- transport (subclasses) ----------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        # The engine thread and the event loop share the GIL. With CPython's default 5 ms switch interval
-        # the engine thread, back from a GPU wait while the loop streams responses, can wait up to 5 ms
-        # for the GIL, more than once per step; 1 ms bounds that wait (at some switching cost).
-        sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
-        self._loop = loop
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-        self._thread.start()
+        raise NotImplementedError
 
     def shutdown(self) -> None:
-        self._stop = True
-        self._wakeup.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        raise NotImplementedError
 
     @property
     def healthy(self) -> bool:
-        return self.error is None and self._thread is not None and self._thread.is_alive()
+        raise NotImplementedError
 
-    @property
-    def num_waiting(self) -> int:
-        return self.engine.scheduler.num_waiting + self._num_queued_adds
+    def snapshot(self) -> EngineSnapshot:
+        raise NotImplementedError
+
+    def _num_in_transit(self) -> int:
+        """Requests queued for the engine that it has not admitted yet."""
+        raise NotImplementedError
+
+    def _submit_add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt: str | None) -> None:
+        raise NotImplementedError
+
+    def _submit_abort(self, request_id: str) -> None:
+        raise NotImplementedError
 
     # ---- requests (event loop side) ------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return self.snapshot().num_waiting + self._num_in_transit()
+
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise `ValueError` (a 400) for what the engine would reject, before anything is queued."""
-        e = self.engine
-        validate_request(prompt_token_ids, params, e.max_model_len, e.config.model.max_logprobs,
-                         e.source.arch.vocab_size)
+        validate_request(prompt_token_ids, params, self.max_model_len, self.config.model.max_logprobs,
+                         self.source.arch.vocab_size)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None, stream: asyncio.Queue | None = None) -> asyncio.Queue:
@@ -89,16 +97,13 @@ class AsyncEngine:
         """
         if not self.healthy:
             raise EngineDeadError("the engine is not running")
-        cap = self.engine.config.scheduler.max_waiting_requests
+        cap = self.config.scheduler.max_waiting_requests
         if cap is not None and self.num_waiting >= cap:
             raise OverloadedError(f"{self.num_waiting} requests are waiting (max_waiting_requests={cap})")
         self.check_request(prompt_token_ids, params)
         stream = asyncio.Queue() if stream is None else stream
         self._streams[request_id] = stream
-        with self._count_lock:
-            self._num_queued_adds += 1
-        self._commands.put(("add", request_id, prompt_token_ids, params, prompt))
-        self._wakeup.set()
+        self._submit_add(request_id, prompt_token_ids, params, prompt)
         return stream
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -124,6 +129,79 @@ class AsyncEngine:
         if stream is None:
             return
         stream.put_nowait((request_id, None))
+        self._submit_abort(request_id)
+
+    # ---- back on the event loop ----------------------------------------------------------------------
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            stream.put_nowait((output.request_id, output))
+            if output.finished:
+                del self._streams[output.request_id]
+
+    def _deliver_error(self, request_id: str, exc: BaseException) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.put_nowait((request_id, exc))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        error = EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}")
+        for request_id, stream in self._streams.items():
+            stream.put_nowait((request_id, error))
+        self._streams.clear()
+
+
+class AsyncEngine(AsyncEngineBase):
+    """`LLMEngine.step()` in a dedicated thread beside the event loop (one process, one GIL)."""
+
+    def __init__(self, engine, on_step: Callable[[int], None] | None = None) -> None:
+        super().__init__(on_step)
+        self.engine = engine
+        self.config, self.source, self.tokenizer = engine.config, engine.source, engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._num_queued_adds = 0
+        self._count_lock = threading.Lock()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._last_tokens = 0
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        # The engine thread and the event loop share the GIL. With CPython's default 5 ms switch interval
+        # the engine thread, back from a GPU wait while the loop streams responses, can wait up to 5 ms
+        # for the GIL, more than once per step; 1 ms bounds that wait (at some switching cost).
+        sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self._thread is not None and self._thread.is_alive()
+
+    def snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot.of(self.engine)
+
+    def _num_in_transit(self) -> int:
+        return self._num_queued_adds
+
+    def _submit_add(self, request_id, prompt_token_ids, params, prompt) -> None:
+        with self._count_lock:
+            self._num_queued_adds += 1
+        self._commands.put(("add", request_id, prompt_token_ids, params, prompt))
+        self._wakeup.set()
+
+    def _submit_abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
         self._wakeup.set()
 
@@ -139,7 +217,9 @@ class AsyncEngine:
             try:
                 outputs = engine.step()
                 if self.on_step is not None:
-                    self.on_step()
+                    total = engine.stats.num_prompt_tokens_total + engine.stats.num_generation_tokens_total
+                    self.on_step(total - self._last_tokens)
+                    self._last_tokens = total
             except BaseException as exc:  # noqa: BLE001 - any failure kills the engine, not the server
                 logger.exception("engine step failed; failing in-flight requests")
                 self.error = exc
@@ -165,24 +245,3 @@ class AsyncEngine:
                         self._num_queued_adds -= 1
             else:
                 self.engine.abort_request(command[1])
-
-    # ---- back on the event loop ----------------------------------------------------------------------
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        for output in outputs:
-            stream = self._streams.get(output.request_id)
-            if stream is None:
-                continue
-            stream.put_nowait((output.request_id, output))
-            if output.finished:
-                del self._streams[output.request_id]
-
-    def _deliver_error(self, request_id: str, exc: BaseException) -> None:
-        stream = self._streams.pop(request_id, None)
-        if stream is not None:
-            stream.put_nowait((request_id, exc))
-
-    def _fail_all(self, exc: BaseException) -> None:
-        error = EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}")
-        for request_id, stream in self._streams.items():
-            stream.put_nowait((request_id, error))
-        self._streams.clear()

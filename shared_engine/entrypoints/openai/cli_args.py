@@ -32,6 +32,8 @@ _HELP = {
     "max_request_body_bytes": "larger request bodies get 413",
     "max_n": "largest n accepted",
     "max_logprobs": "cap on logprobs / top_logprobs",
+    "disable_frontend_multiprocessing": "run the engine in the API server's process (a thread) instead of "
+    "its own engine core process",
     "cuda_graph_max_prefill_tokens": "CUDA: steps with up to this many prefill tokens (and decodes) replay a "
     "CUDA graph; 0 graphs decode-only steps only",
 }

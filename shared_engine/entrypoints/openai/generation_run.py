@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from shared_engine.entrypoints.openai.async_engine import AsyncEngine, EngineDeadError, OverloadedError
+from shared_engine.entrypoints.openai.async_engine import AsyncEngineBase, EngineDeadError, OverloadedError
 from shared_engine.entrypoints.openai.errors import APIError, bad_request, overloaded
 from shared_engine.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from shared_engine.outputs import RequestOutput
@@ -37,7 +37,7 @@ async def wait_disconnect(request: Request) -> None:
 
 
 class GenerationRun:
-    def __init__(self, async_engine: AsyncEngine, metrics: ServerMetrics, base_id: str,
+    def __init__(self, async_engine: AsyncEngineBase, metrics: ServerMetrics, base_id: str,
                  jobs: list[Job]) -> None:
         self.engine = async_engine
         self.jobs = jobs

@@ -2,9 +2,9 @@
 (conventions.md), so that existing dashboards and autoscalers (KEDA on `vllm:num_requests_waiting`) work
 unchanged.
 
-Engine counters are read from `EngineStats`, the scheduler and the block manager at scrape time (the
-same numbers as the 10-second stats line, not a second count); per-request histograms are observed
-by the server when a request finishes; `vllm:iteration_tokens_total` after every engine step.
+Engine counters are read from the engine's `EngineSnapshot` at scrape time (the same numbers as the
+10-second stats line, not a second count); per-request histograms are observed by the server when a
+request finishes; `vllm:iteration_tokens_total` after every engine step.
 """
 
 from __future__ import annotations
@@ -33,27 +33,23 @@ class _EngineCollector:
         self.model_name = model_name
 
     def collect(self):
-        engine = self.async_engine.engine
-        stats, scheduler = engine.stats, engine.scheduler
+        snap = self.async_engine.snapshot()
         gauges = {
-            "vllm:num_requests_running": ("Requests in model execution batches.", scheduler.num_running),
+            "vllm:num_requests_running": ("Requests in model execution batches.", snap.num_running),
             "vllm:num_requests_waiting": ("Requests waiting to be processed.", self.async_engine.num_waiting),
-            "vllm:kv_cache_usage_perc": ("KV-cache usage. 1 means 100 percent usage.",
-                                         engine.block_manager.usage),
+            "vllm:kv_cache_usage_perc": ("KV-cache usage. 1 means 100 percent usage.", snap.kv_cache_usage),
         }
         for name, (doc, value) in gauges.items():
             yield self._one(GaugeMetricFamily(name, doc, labels=["model_name"]), value)
         counters = {
-            "vllm:prompt_tokens": ("Prefill tokens processed.", stats.num_prompt_tokens_total),
-            "vllm:generation_tokens": ("Generation tokens processed.", stats.num_generation_tokens_total),
-            "vllm:num_preemptions": ("Cumulative number of preemptions.", scheduler.num_preemptions_total),
-            "vllm:prefix_cache_queries": ("Prefix cache queries, in tokens.",
-                                          stats.prefix_cache_queries_total),
-            "vllm:prefix_cache_hits": ("Prefix cache hits, in tokens.", stats.prefix_cache_hits_total),
-            "vllm:spec_decode_num_draft_tokens": (
-                "Draft tokens proposed.", getattr(stats, "spec_decode_num_draft_tokens_total", 0)),
-            "vllm:spec_decode_num_accepted_tokens": (
-                "Draft tokens accepted.", getattr(stats, "spec_decode_num_accepted_tokens_total", 0)),
+            "vllm:prompt_tokens": ("Prefill tokens processed.", snap.prompt_tokens_total),
+            "vllm:generation_tokens": ("Generation tokens processed.", snap.generation_tokens_total),
+            "vllm:num_preemptions": ("Cumulative number of preemptions.", snap.num_preemptions_total),
+            "vllm:prefix_cache_queries": ("Prefix cache queries, in tokens.", snap.prefix_cache_queries_total),
+            "vllm:prefix_cache_hits": ("Prefix cache hits, in tokens.", snap.prefix_cache_hits_total),
+            "vllm:spec_decode_num_draft_tokens": ("Draft tokens proposed.", snap.spec_decode_num_draft_tokens_total),
+            "vllm:spec_decode_num_accepted_tokens": ("Draft tokens accepted.",
+                                                     snap.spec_decode_num_accepted_tokens_total),
         }
         for name, (doc, value) in counters.items():
             yield self._one(CounterMetricFamily(name, doc, labels=["model_name"]), value)
@@ -91,15 +87,11 @@ class ServerMetrics:
                            REQUEST_LATENCY_BUCKETS)
         self.iteration_tokens = hist("vllm:iteration_tokens_total", "Tokens per engine step.",
                                      ITERATION_TOKEN_BUCKETS)
-        self._last_tokens = 0
 
-    def on_step(self) -> None:
-        """Called by the engine thread after every step."""
-        stats = self.async_engine.engine.stats
-        total = stats.num_prompt_tokens_total + stats.num_generation_tokens_total
-        if total > self._last_tokens:
-            self.iteration_tokens.observe(total - self._last_tokens)
-        self._last_tokens = total
+    def on_step(self, num_tokens: int) -> None:
+        """Called after every engine step with the tokens it processed (prefill + generated)."""
+        if num_tokens > 0:
+            self.iteration_tokens.observe(num_tokens)
 
     def tracker(self) -> RequestTracker:
         return RequestTracker(self)

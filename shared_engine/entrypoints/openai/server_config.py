@@ -13,7 +13,9 @@ API_KEY_ENV = ("SHARED_ENGINE_API_KEY", "VLLM_API_KEY")
 @dataclass(frozen=True)
 class ServerConfig:
     """`api_key` None leaves `/v1/*` open (the env vars in `API_KEY_ENV` are the fallback).
-    `max_request_body_bytes`: larger bodies get 413. `max_n`: cap on `n` (400 above it)."""
+    `max_request_body_bytes`: larger bodies get 413. `max_n`: cap on `n` (400 above it).
+    `disable_frontend_multiprocessing`: run the engine in a thread of the API server's process instead of
+    its own engine core process (vLLM's flag name; one process and one GIL: slower under load)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -21,6 +23,7 @@ class ServerConfig:
     max_request_body_bytes: int = 8 * 1024 * 1024
     max_n: int = 16
     uvicorn_log_level: str = "info"
+    disable_frontend_multiprocessing: bool = False
 
     def __post_init__(self) -> None:
         check_range("port", self.port, 0, 65535)

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 from fastapi.responses import StreamingResponse
 
-from shared_engine.entrypoints.openai.async_engine import AsyncEngine
+from shared_engine.entrypoints.openai.async_engine import AsyncEngineBase
 from shared_engine.entrypoints.openai.errors import APIError, bad_request
 from shared_engine.entrypoints.openai.logprobs import TokenText
 from shared_engine.entrypoints.openai.metrics import ServerMetrics
@@ -20,18 +20,18 @@ from shared_engine.sampling_params import SamplingParams
 
 
 class ServingContext:
-    def __init__(self, async_engine: AsyncEngine, metrics: ServerMetrics, model_name: str,
+    def __init__(self, async_engine: AsyncEngineBase, metrics: ServerMetrics, model_name: str,
                  server_config: ServerConfig) -> None:
         self.async_engine = async_engine
         self.metrics = metrics
         self.model_name = model_name
         self.server_config = server_config
-        self.tokenizer = async_engine.engine.tokenizer
+        self.tokenizer = async_engine.tokenizer
         self.token_text = TokenText(self.tokenizer) if self.tokenizer is not None else None
 
     @property
     def max_model_len(self) -> int:
-        return self.async_engine.engine.max_model_len
+        return self.async_engine.max_model_len
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

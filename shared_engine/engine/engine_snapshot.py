@@ -1,0 +1,43 @@
+"""`EngineSnapshot`: the engine's gauges and counters at one moment, as plain values.
+
+What `/metrics` and the overload check read. An engine in this process is read directly
+(`EngineSnapshot.of(engine)`); an engine core in its own process sends one with every step's outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    num_running: int = 0
+    num_waiting: int = 0  # in the scheduler's waiting queue (requests still in transit are not counted)
+    kv_cache_usage: float = 0.0  # fraction of KV blocks in use, 0..1
+    num_preemptions_total: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    prefix_cache_queries_total: int = 0  # tokens
+    prefix_cache_hits_total: int = 0  # tokens
+    spec_decode_num_draft_tokens_total: int = 0
+    spec_decode_num_accepted_tokens_total: int = 0
+
+    @classmethod
+    def of(cls, engine) -> EngineSnapshot:
+        stats, scheduler = engine.stats, engine.scheduler
+        return cls(
+            num_running=scheduler.num_running,
+            num_waiting=scheduler.num_waiting,
+            kv_cache_usage=engine.block_manager.usage,
+            num_preemptions_total=scheduler.num_preemptions_total,
+            prompt_tokens_total=stats.num_prompt_tokens_total,
+            generation_tokens_total=stats.num_generation_tokens_total,
+            prefix_cache_queries_total=stats.prefix_cache_queries_total,
+            prefix_cache_hits_total=stats.prefix_cache_hits_total,
+            spec_decode_num_draft_tokens_total=getattr(stats, "spec_decode_num_draft_tokens_total", 0),
+            spec_decode_num_accepted_tokens_total=getattr(stats, "spec_decode_num_accepted_tokens_total", 0),
+        )
+
+    @property
+    def tokens_total(self) -> int:
+        return self.prompt_tokens_total + self.generation_tokens_total
