@@ -10,12 +10,16 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$(pwd):${PYTHONPATH:-}"
 PY=${PYTHON:-python3}
 step() { echo "== $1 ($(date +%T))"; }
 
+# Each profile under its offline workload's engine config (max_model_len, max_num_seqs, token budget): the
+# decode graphs' attention splits and the graph buckets follow the config, so a profile recorded under
+# another config calibrates other steps (a 0.6B model's steps are dominated by them).
 step "step profile llama-3.1-8b"
-timeout 200 $PY scripts/profile_steps.py --model llama-3.1-8b --load-format dummy --max-num-seqs 512 \
-  --max-num-batched-tokens 8192 --max-model-len 8200 --out "$OUT/h200_llama-3.1-8b.json" 2>&1 | tail -3
+timeout 200 $PY scripts/profile_steps.py --model llama-3.1-8b --load-format dummy --max-num-seqs 448 \
+  --max-num-batched-tokens 8192 --max-model-len 2048 --out "$OUT/h200_llama-3.1-8b.json" 2>&1 | tail -3
 step "step profile qwen3-0.6b"
-timeout 120 $PY scripts/profile_steps.py --model qwen3-0.6b --load-format dummy --max-num-seqs 512 \
-  --max-num-batched-tokens 8192 --max-model-len 8200 --out "$OUT/h200_qwen3-0.6b.json" 2>&1 | tail -3
+timeout 120 $PY scripts/profile_steps.py --model qwen3-0.6b --load-format dummy --max-num-seqs 256 \
+  --max-num-batched-tokens 8192 \
+  --max-model-len 2048 --out "$OUT/h200_qwen3-0.6b.json" 2>&1 | tail -3
 
 step "offline llama-3.1-8b 1000 x (1000 in, 1000 out)"
 timeout 220 $PY scripts/bench_offline.py --model llama-3.1-8b --load-format dummy --input-len-min 1000 \
