@@ -18,6 +18,9 @@ class ModelConfig:
     `qwen2.5-0.5b`, `smollm2-135m`; real shapes, only with `load_format="dummy"`) or None for the
     embedded default model (SmolLM2-135M-Instruct). `max_model_len` (tokens, prompt + output) None means
     the model's `max_position_embeddings`. `dtype="auto"` is float32 on the CPU and bfloat16 on CUDA.
+    `disable_cascade_attn` (vLLM's name) turns off cascade decode attention, which on CUDA reads the block
+    prefix that a step's decodes share (a prefix-cached system prompt) once for the whole batch; the CPU path
+    never uses it.
     """
 
     model: str | None = None
@@ -28,6 +31,7 @@ class ModelConfig:
     seed: int = 0
     served_model_name: str | None = None
     max_logprobs: int = 20
+    disable_cascade_attn: bool = False
 
     def __post_init__(self) -> None:
         check_choice("dtype", self.dtype, DTYPES)

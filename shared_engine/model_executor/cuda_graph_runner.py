@@ -18,12 +18,23 @@ block); token rows [D, D + tp) are the prefill chunks, [D + tp, D + T) padding (
 sequence); sequence rows [D, D + p) the chunks, [D + p, D + max_prefill_seqs) empty (query length 0, so
 the prefill kernel's programs exit at once). Padding rows compute garbage that no real row reads: every
 op but attention is row-wise, and attention reads only the cache, which padding never writes.
+
+Cascade variants: with `enable_cascade`, every decode and mixed graph whose decode bucket is at least
+CASCADE_MIN_DECODES is captured twice, plain and cascade (key `(D, T, True)`), the latter running the
+decode part through the shared-prefix kernel on two more static buffers, `prefix_len` and `prefix_blocks`
+(room for a whole `max_model_len` context), which `run` fills from the step's metadata. A cascade step
+always has nd >= CASCADE_MIN_DECODES, so its bucket D has a cascade variant. Padding decode rows (context 1)
+then fall short of the prefix (their context < prefix_len, outside the kernel's contract) and stay
+harmless: the prefix kernel scores their rows against this step's prefix, real blocks, and the suffix
+kernel finds their suffix [prefix_len, 1) empty, so they read only valid blocks and write only their own
+(finite, garbage) partial and output rows. Capture runs with prefix_len 0: the suffix kernel alone.
 """
 
 from __future__ import annotations
 
 import torch
 
+from shared_engine.model_executor.attention.cascade import CASCADE_MIN_DECODES
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
 
 # Prefill-token buckets for mixed graphs; beyond the largest a step is compute-bound and runs eagerly.
@@ -45,7 +56,7 @@ def mixed_buckets(max_num_seqs: int, max_prefill_tokens: int) -> tuple[list[int]
 class CudaGraphRunner:
     def __init__(self, model, kv_caches, backend, *, decode_sizes: list[int], mixed_decode_sizes: list[int],
                  mixed_prefill_sizes: list[int], max_prefill_seqs: int, max_blocks_per_seq: int,
-                 max_model_len: int, device: torch.device) -> None:
+                 max_model_len: int, device: torch.device, enable_cascade: bool = False) -> None:
         self.decode_sizes = sorted(decode_sizes)
         self.mixed_decode_sizes = sorted(mixed_decode_sizes)
         self.mixed_prefill_sizes = sorted(mixed_prefill_sizes)
@@ -61,16 +72,22 @@ class CudaGraphRunner:
         self.block_tables = torch.zeros(max_seqs, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.context_lens = torch.ones(max_seqs, dtype=torch.int32, device=device)
         self.cu_seqlens_q = torch.zeros(max_seqs + 1, dtype=torch.int32, device=device)
+        self.prefix_len = torch.zeros(1, dtype=torch.int32, device=device)  # [1] tokens
+        self.prefix_blocks = torch.zeros(max_blocks_per_seq, dtype=torch.int32, device=device)
         self.max_model_len = max_model_len
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (decodes, prefill tokens) → graph
-        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
-        keys = [(bs, 0) for bs in self.decode_sizes]
-        keys += [(d, t) for d in self.mixed_decode_sizes for t in self.mixed_prefill_sizes]
+        # (decodes, prefill tokens, cascade) → graph
+        self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int, bool], torch.Tensor] = {}
+        sizes = [(bs, 0) for bs in self.decode_sizes]
+        sizes += [(d, t) for d in self.mixed_decode_sizes for t in self.mixed_prefill_sizes]
+        keys = [(d, t, False) for d, t in sizes]
+        keys += [(d, t, True) for d, t in sizes if enable_cascade and d >= CASCADE_MIN_DECODES]
         pool = None
-        for key in sorted(keys, key=lambda k: (k[0] + k[1], k[1]), reverse=True):  # largest first: one pool
-            self._reset_padding(*key)
+        for key in sorted(keys, key=lambda k: (k[0] + k[1], k[1], k[2]), reverse=True):  # largest first: one pool
+            self._reset_padding(*key[:2])
             meta = self._meta(*key)
-            args = (self.input_ids[: sum(key)], self.positions[: sum(key)], kv_caches, meta, backend)
+            tokens = key[0] + key[1]
+            args = (self.input_ids[:tokens], self.positions[:tokens], kv_caches, meta, backend)
             model(*args)  # warm-up: Triton JIT and allocator
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
@@ -80,26 +97,40 @@ class CudaGraphRunner:
             self.graphs[key] = graph
         torch.cuda.synchronize(device)
 
-    def _meta(self, decodes: int, prefill_tokens: int) -> AttentionMetadata:
+    def _meta(self, decodes: int, prefill_tokens: int, cascade: bool) -> AttentionMetadata:
         seqs = decodes + (self.max_prefill_seqs if prefill_tokens else 0)
         tokens = decodes + prefill_tokens
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:tokens], block_tables=self.block_tables[:seqs],
             context_lens=self.context_lens[:seqs], cu_seqlens_q=self.cu_seqlens_q[: seqs + 1],
             num_decodes=decodes, max_context_len=self.max_model_len, max_query_len=max(1, prefill_tokens),
             context_lens_list=[1] * seqs, query_lens_list=[1] * decodes + [0] * (seqs - decodes),
         )
+        if cascade:
+            meta.prefix_len, meta.prefix_blocks = self.prefix_len, self.prefix_blocks
+            # prefix splits sized for a prefix as long as the model's context, like the decode splits
+            meta.max_prefix_len = self.max_model_len
+        return meta
 
     def _reset_padding(self, decodes: int, prefill_tokens: int) -> None:
         """Every row of the layout a padding row (used for capture): nothing written, nothing to attend."""
         self.slot_mapping[: decodes + prefill_tokens].fill_(-1)
         self.context_lens[:decodes].fill_(1)
+        self.prefix_len.fill_(0)
         if prefill_tokens:
             self.context_lens[decodes : decodes + self.max_prefill_seqs].fill_(0)
             self.cu_seqlens_q[decodes : decodes + self.max_prefill_seqs + 1].fill_(decodes)
 
-    def select(self, meta: AttentionMetadata, num_tokens: int) -> tuple[int, int] | None:
-        """The graph (decode bucket, prefill-token bucket) this step's layout fits, or None (run eagerly)."""
+    def select(self, meta: AttentionMetadata, num_tokens: int) -> tuple[int, int, bool] | None:
+        """The graph (decode bucket, prefill-token bucket, cascade) this step's layout fits, or None (run
+        eagerly). A cascade step replays its bucket's cascade variant; should that be missing, the plain
+        variant, which is correct for any layout."""
+        bucket = self._bucket(meta, num_tokens)
+        if bucket is None:
+            return None
+        return (*bucket, meta.use_cascade and (*bucket, True) in self.graphs)
+
+    def _bucket(self, meta: AttentionMetadata, num_tokens: int) -> tuple[int, int] | None:
         nd, num_seqs = meta.num_decodes, meta.num_seqs
         if meta.block_tables.shape[1] > self.block_tables.shape[1]:
             return None
@@ -119,11 +150,11 @@ class CudaGraphRunner:
         return (d, t)
 
     @torch.inference_mode()
-    def run(self, key: tuple[int, int], input_ids: torch.Tensor, positions: torch.Tensor,
+    def run(self, key: tuple[int, int, bool], input_ids: torch.Tensor, positions: torch.Tensor,
             meta: AttentionMetadata) -> torch.Tensor:
         """Replay graph `key` (from `select`) for this step; returns hidden states in the step's own
         (unpadded) token order, `[num_tokens, hidden]`."""
-        d, t = key
+        d, t, cascade = key
         nd, n = meta.num_decodes, input_ids.shape[0]
         width = meta.block_tables.shape[1]
         self.input_ids[:nd].copy_(input_ids[:nd])
@@ -133,6 +164,9 @@ class CudaGraphRunner:
         self.context_lens[:nd].copy_(meta.context_lens[:nd])
         self.context_lens[nd:d].fill_(1)
         self.block_tables[:nd, :width].copy_(meta.block_tables[:nd])
+        if cascade:  # entries past prefix_len // block_size stay stale: the kernel never reads them
+            self.prefix_len.copy_(meta.prefix_len)
+            self.prefix_blocks[: meta.prefix_blocks.shape[0]].copy_(meta.prefix_blocks)
         if t == 0:
             self.graphs[key].replay()
             return self.outputs[key][:nd]

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from shared_engine.core.scheduler_output import SchedulerOutput
+from shared_engine.model_executor.attention.cascade import cascade_prefix_blocks
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
 
 
@@ -20,9 +21,11 @@ class StepInputs:
     sampled_rows: list[int]  # scheduler-output index of each sampled sequence
 
 
-def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device) -> StepInputs:
+def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, cascade: bool = False) -> StepInputs:
     """Scheduled sequences must come decodes first (the scheduler's order). Host work is O(tokens) in
-    numpy; each tensor crosses to the device once."""
+    numpy; each tensor crosses to the device once. With `cascade` (the Triton backend, cascade attention
+    allowed), a step whose decodes share a long enough block-table prefix carries it in the metadata
+    (`cascade_prefix_blocks`)."""
     scheduled = out.scheduled
     num_seqs = len(scheduled)
     query_lens = [s.num_new_tokens for s in scheduled]
@@ -63,5 +66,10 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device) ->
         context_lens_list=context_lens,
         query_lens_list=query_lens,
     )
+    num_prefix_blocks = cascade_prefix_blocks(tables, context_lens, num_decodes, block_size) if cascade else 0
+    if num_prefix_blocks:
+        meta.prefix_len = dev(np.array([num_prefix_blocks * block_size], dtype=np.int32))
+        meta.prefix_blocks = dev(tables[0, :num_prefix_blocks].copy())
+        meta.max_prefix_len = num_prefix_blocks * block_size
     return StepInputs(dev(input_ids), dev(positions), meta, dev(np.asarray(sample_indices, dtype=np.int64)),
                       sampled_rows)

@@ -40,6 +40,9 @@ class ModelRunner:
         self.arch = source.arch
         self.block_size = config.cache.block_size
         self.backend = get_backend("triton" if self.device.type == "cuda" else "torch")
+        # Cascade decode attention: Triton only, and only prefix caching makes sequences share blocks.
+        self.enable_cascade = (self.device.type == "cuda" and not config.model.disable_cascade_attn
+                               and config.cache.enable_prefix_caching)
         self.sampler = Sampler(seed=config.model.seed)
         started = time.perf_counter()
         self.model = self._load(source)
@@ -52,6 +55,8 @@ class ModelRunner:
         self.num_cuda_graphs = 0
         self.graph_steps = 0  # steps replayed from a CUDA graph (the rest ran eagerly)
         self.mixed_graph_steps = 0  # of those, steps with prefill chunks
+        self.cascade_steps = 0  # steps whose decodes ran cascade attention (graphed or eager)
+        self.cascade_graph_steps = 0  # of those, steps replayed from a cascade graph
 
     def _load(self, source: ModelSource) -> torch.nn.Module:
         torch.manual_seed(self.config.model.seed)
@@ -114,7 +119,7 @@ class ModelRunner:
     def capture_cuda_graphs(self) -> None:
         """Capture CUDA graphs (CUDA, unless `enforce_eager`): decode-only steps for `cuda_graph_sizes` up
         to max_num_seqs, and mixed prefill + decode steps up to `cuda_graph_max_prefill_tokens` prefill
-        tokens (see `CudaGraphRunner`)."""
+        tokens, each with a cascade-attention variant where it can pay (see `CudaGraphRunner`)."""
         cfg = self.config
         if self.device.type != "cuda" or cfg.device.enforce_eager:
             return
@@ -131,7 +136,7 @@ class ModelRunner:
                 self.model, self.kv_caches, self.backend, decode_sizes=decode_sizes,
                 mixed_decode_sizes=mixed_decode, mixed_prefill_sizes=mixed_prefill,
                 max_prefill_seqs=min(MAX_PREFILL_SEQS, max_num_seqs), max_blocks_per_seq=-(-max_len // self.block_size),
-                max_model_len=max_len, device=self.device)
+                max_model_len=max_len, device=self.device, enable_cascade=self.enable_cascade)
         self.capture_seconds = time.perf_counter() - started
         self.num_cuda_graphs = len(self.graph_runner.graphs)
 
@@ -141,7 +146,8 @@ class ModelRunner:
         timing = self.device.type == "cuda"
         if timing:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        inputs = build_inputs(out, self.block_size, self.device)
+        inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade)
+        self.cascade_steps += inputs.meta.use_cascade
         if timing:
             start.record()
         key = None if self.graph_runner is None else self.graph_runner.select(inputs.meta, inputs.input_ids.shape[0])
@@ -149,6 +155,7 @@ class ModelRunner:
             hidden = self.graph_runner.run(key, inputs.input_ids, inputs.positions, inputs.meta)
             self.graph_steps += 1
             self.mixed_graph_steps += key[1] > 0
+            self.cascade_graph_steps += key[2]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         prompt_logprobs = self._prompt_logprobs(out, hidden, inputs)

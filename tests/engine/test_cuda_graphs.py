@@ -1,8 +1,10 @@
 """CUDA graphs replay exactly what the eager forward computes: decode-only and mixed prefill + decode steps
-(padding rows, cached prefixes, several chunks), and whole greedy generations with graphs on vs off."""
+(padding rows, cached prefixes, several chunks), and whole greedy generations with graphs on vs off; the
+same for cascade attention (decodes sharing a prefix-cached prompt prefix) against plain decode attention."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -13,6 +15,7 @@ from shared_engine import LLM, SamplingParams
 from shared_engine.config import EngineConfig
 from shared_engine.core.request import Request
 from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from shared_engine.model_executor.attention.cascade import CASCADE_MIN_DECODES
 from shared_engine.model_executor.cuda_graph_runner import mixed_buckets
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.model_runner import ModelRunner
@@ -129,3 +132,119 @@ def test_greedy_generation_graphs_equal_eager(small_model_dir):
         del llm
         torch.cuda.empty_cache()
     assert results[False] == results[True]
+
+
+# ---- cascade attention -------------------------------------------------------------------------------
+NUM_SHARED = 20  # blocks: a 320-token prefix-cached prompt prefix, over CASCADE_MIN_PREFIX_TOKENS
+
+
+def shared_prefix_step(rng: random.Random, num_decodes: int, chunks: list[tuple[int, int]]) -> SchedulerOutput:
+    """Decodes whose block tables begin with the same NUM_SHARED random blocks, then 1-199 suffix tokens
+    over blocks of their own; then prefill chunks (cached prefix length, chunk length) over their own."""
+    free = list(range(1, 600))
+    rng.shuffle(free)
+    shared = [free.pop() for _ in range(NUM_SHARED)]
+    scheduled = []
+    for s in range(num_decodes):
+        context = NUM_SHARED * BLOCK + rng.randrange(1, 200)
+        blocks = shared + [free.pop() for _ in range(-(-context // BLOCK) - NUM_SHARED)]
+        request = Request(f"d{s}", [3] * context, SamplingParams(max_tokens=1), max_tokens=1)
+        scheduled.append(ScheduledRequest(request, [rng.randrange(1024)], context - 1, blocks, True))
+    for c, (start, n) in enumerate(chunks):
+        blocks = [free.pop() for _ in range(-(-(start + n) // BLOCK))]
+        request = Request(f"p{c}", [3] * (start + n), SamplingParams(max_tokens=1), max_tokens=1)
+        scheduled.append(ScheduledRequest(request, [rng.randrange(1024) for _ in range(n)], start, blocks, True))
+    return SchedulerOutput(scheduled, num_batched_tokens=sum(s.num_new_tokens for s in scheduled))
+
+
+def without_cascade(meta):
+    return dataclasses.replace(meta, prefix_len=None, prefix_blocks=None, max_prefix_len=0, backend_cache={})
+
+
+CASCADE_LAYOUTS = [
+    (8, []),  # the smallest cascade bucket, no padding
+    (13, []),  # padded to 16: padding rows' context 1 is shorter than the prefix
+    (24, []),  # max_num_seqs
+    (9, [(0, 40)]),  # mixed: decodes padded to 16, a fresh prompt
+    (20, [(32, 100), (0, 17)]),  # mixed: decodes padded to 24, a cached prefix and a fresh chunk
+]
+
+
+def test_cascade_graphs_only_where_they_can_pay(runner):
+    graphs = runner.graph_runner.graphs
+    assert runner.enable_cascade  # CUDA, prefix caching on (the default), cascade not disabled
+    assert all(d >= CASCADE_MIN_DECODES for d, _, cascade in graphs if cascade)
+    for d, t, _ in list(graphs):
+        assert (d, t, True) in graphs or d < CASCADE_MIN_DECODES
+    assert any(t > 0 for _, t, cascade in graphs if cascade)  # mixed graphs have cascade variants too
+
+
+@pytest.mark.parametrize("num_decodes,chunks", CASCADE_LAYOUTS)
+def test_cascade_graph_step_equals_eager_step(runner, num_decodes, chunks):
+    """The cascade graph replay, the eager cascade step and the eager plain-decode step agree, and the graph
+    writes exactly the eager step's KV slots."""
+    rng = random.Random(num_decodes * 7 + len(chunks))
+    out = shared_prefix_step(rng, num_decodes, chunks)
+    inputs = build_inputs(out, BLOCK, runner.device, cascade=True)
+    meta, plain = inputs.meta, without_cascade(inputs.meta)
+    assert meta.use_cascade and meta.prefix_len.item() == NUM_SHARED * BLOCK
+    num_tokens = inputs.input_ids.shape[0]
+    key = runner.graph_runner.select(meta, num_tokens)
+    assert key is not None and key[2] and key[0] >= num_decodes and (key[1] > 0) == bool(chunks)
+    assert runner.graph_runner.select(plain, num_tokens) == (key[0], key[1], False)
+    for cache in runner.kv_caches:
+        cache.normal_()  # the shared prefix and the suffixes hold arbitrary K/V
+    caches_before = [c.clone() for c in runner.kv_caches]
+
+    def restore() -> None:
+        for cache, before in zip(runner.kv_caches, caches_before):
+            cache.copy_(before)
+
+    with torch.inference_mode():
+        eager = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, plain, runner.backend)
+        eager_caches = [c.clone() for c in runner.kv_caches]
+        restore()
+        eager_cascade = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, meta, runner.backend)
+        restore()
+        graphed = runner.graph_runner.run(key, inputs.input_ids, inputs.positions, inputs.meta).clone()
+    assert graphed.shape == eager.shape == eager_cascade.shape
+    # TF32 dots and different split points (graph grids sized for max_model_len, the prefix merged through
+    # its log-sum-exp): ~1e-3 relative per row; a wrong prefix or layout is off by O(1).
+    for result in (eager_cascade, graphed):
+        row_error = (result - eager).norm(dim=-1) / eager.norm(dim=-1)
+        assert row_error.max().item() < 2e-3, row_error
+    for graphed_cache, eager_cache, before in zip(runner.kv_caches, eager_caches, caches_before):
+        written = eager_cache != before
+        assert torch.equal(graphed_cache[~written], before[~written])  # padding rows wrote nothing
+        torch.testing.assert_close(graphed_cache[written], eager_cache[written], rtol=1e-2, atol=1e-2)
+
+
+def test_greedy_generation_cascade_equals_no_cascade(small_model_dir):
+    """16 requests share a 300-token prompt prefix (18 full blocks = 288 prefix-cached tokens), then
+    suffixes of their own, under a 64-token budget: once 8 of them decode, every step until fewer than 8
+    remain runs cascade attention, first mixed with the later requests' prefill chunks, then decode-only.
+    Tokens equal those with `disable_cascade_attn`, with graphs and eagerly."""
+    rng = random.Random(2)
+    prefix = [rng.randrange(3, 1024) for _ in range(300)]
+    prompts = [prefix + [rng.randrange(3, 1024) for _ in range(rng.randrange(5, 80))] for _ in range(16)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    results = {}
+    for disable, eager in ((True, False), (False, False), (False, True)):
+        llm = LLM(str(small_model_dir), load_format="dummy", dtype="float32", max_model_len=1024,
+                  max_num_seqs=16, max_num_batched_tokens=64, enable_prefix_caching=True,
+                  disable_cascade_attn=disable, enforce_eager=eager, device="cuda")
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        results[disable, eager] = [o.outputs[0].token_ids for o in outs]
+        runner = llm.engine.runner
+        if disable:
+            assert runner.cascade_steps == 0
+            assert not any(cascade for _, _, cascade in runner.graph_runner.graphs)
+        elif eager:
+            assert runner.cascade_steps > 0 and runner.graph_runner is None
+        else:
+            # measured on the CPU with the same schedule: 24 of 43 steps, 8 of them with prefill chunks
+            assert runner.cascade_graph_steps > 0 and runner.cascade_steps >= runner.cascade_graph_steps
+        del llm
+        torch.cuda.empty_cache()
+    assert results[False, False] == results[True, False]
+    assert results[False, True] == results[True, False]

@@ -1,14 +1,21 @@
 """The engine's Triton attention backend (decode + prefill kernels over a mixed batch) matches the pure-torch
-backend on a tiny model: the glue (decode/prefill split, cu_seqlens offsets, slot mapping) is right."""
+backend on a tiny model: the glue (decode/prefill split, cu_seqlens offsets, slot mapping) is right. Its
+cascade decode path (shared-prefix kernel) matches its plain decode path, also in a CUDA graph's padded
+layout."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
+from _util import assert_rel_close, rel_tol
 from conftest import DEVICE  # tests/kernels/conftest.py
 
 from shared_engine.core.request import Request
 from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared_engine.model_arch import ModelArch
+from shared_engine.model_executor.attention.metadata import AttentionMetadata
 from shared_engine.model_executor.attention.registry import get_backend
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.models.llama import LlamaForCausalLM
@@ -56,3 +63,98 @@ def test_mixed_batch_matches_torch_backend():
     # fp32 on the CPU interpreter; on CUDA, Triton's fp32 dot runs in tf32 (about 3e-4 relative per product)
     tol = 2e-4 if DEVICE == "cpu" else 2e-2
     torch.testing.assert_close(h, h_ref, rtol=tol, atol=tol)
+
+
+# ---- cascade (shared-prefix) decode attention --------------------------------------------------------
+HQ, HK, D = 8, 2, 16  # GQA 4
+NUM_SHARED = 17  # blocks: 272 tokens >= CASCADE_MIN_PREFIX_TOKENS
+SUFFIXES = [1, 15, 16, 17, 33, 2, 40, 8, 31]  # tokens after the prefix, around block boundaries
+
+
+def shared_prefix_step(chunks: list[tuple[int, int]]) -> SchedulerOutput:
+    """Nine decodes whose tables begin with the same 17 blocks (a prefix-cached prompt), each with its own
+    suffix blocks, then prefill chunks (cached length, chunk length) over blocks of their own."""
+    shared = list(range(2, 2 + NUM_SHARED))
+    next_block = 2 + NUM_SHARED
+    items = []
+    for s, suffix in enumerate(SUFFIXES):
+        own = list(range(next_block, next_block + -(-suffix // BLOCK)))
+        next_block += len(own)
+        items.append(scheduled(f"d{s}", NUM_SHARED * BLOCK + suffix - 1, 1, shared + own))
+    for c, (start, n) in enumerate(chunks):
+        own = list(range(next_block, next_block + -(-(start + n) // BLOCK)))
+        next_block += len(own)
+        items.append(scheduled(f"p{c}", start, n, own))
+    return SchedulerOutput(items, num_batched_tokens=sum(i.num_new_tokens for i in items))
+
+
+def plain(meta: AttentionMetadata) -> AttentionMetadata:
+    return dataclasses.replace(meta, prefix_len=None, prefix_blocks=None, max_prefix_len=0, backend_cache={})
+
+
+def attend(name: str, meta: AttentionMetadata, qkv, cache: torch.Tensor):
+    kv = cache.clone()
+    out = get_backend(name).forward(*qkv, kv[0], kv[1], meta, D**-0.5)
+    return out, kv
+
+
+def random_qkv(num_tokens: int, gen: torch.Generator):
+    return tuple(torch.randn(num_tokens, h, D, generator=gen).to(DEVICE) for h in (HQ, HK, HK))
+
+
+@pytest.mark.parametrize("chunks", [[], [(32, 9)], [(0, 20), (16, 1)]])
+def test_cascade_decode_matches_plain_decode(chunks):
+    """Same step, same inputs: the cascade metadata (shared-prefix kernel) and the plain metadata (paged
+    decode kernel) give the same outputs and cache writes, and both match the torch backend."""
+    gen = torch.Generator().manual_seed(len(chunks))
+    out = shared_prefix_step(chunks)
+    meta = build_inputs(out, BLOCK, torch.device(DEVICE), cascade=True).meta
+    assert meta.use_cascade and meta.prefix_len.tolist() == [NUM_SHARED * BLOCK]
+    assert meta.prefix_blocks.tolist() == list(range(2, 2 + NUM_SHARED))
+    cache = torch.randn(2, 64, BLOCK, HK, D, generator=gen).to(DEVICE)
+    qkv = random_qkv(out.num_batched_tokens, gen)
+    with torch.inference_mode():
+        cascade, kv_cascade = attend("triton", meta, qkv, cache)
+        paged, kv_paged = attend("triton", plain(meta), qkv, cache)
+        ref, kv_ref = attend("torch", plain(meta), qkv, cache)
+    torch.testing.assert_close(kv_cascade, kv_paged)
+    torch.testing.assert_close(kv_cascade, kv_ref)
+    tol = rel_tol(torch.float32, DEVICE, uses_dot=True)
+    nd = meta.num_decodes
+    assert_rel_close(cascade[:nd], paged[:nd], tol)
+    assert_rel_close(cascade[:nd], ref[:nd], tol)
+    assert_rel_close(cascade, paged, tol)
+
+
+def test_cascade_decode_with_graph_padding():
+    """The cascade graph's layout: decode rows padded to the bucket with context-1 rows over stale (valid)
+    block-table rows and no KV write, a prefix_blocks buffer sized for max_model_len whose entries past the
+    prefix are stale, and split grids sized for max_model_len. Real rows still equal the plain step's;
+    padding rows stay finite and write nothing."""
+    gen = torch.Generator().manual_seed(7)
+    step = shared_prefix_step([])
+    meta = build_inputs(step, BLOCK, torch.device(DEVICE), cascade=True).meta
+    nd, bucket, width, max_model_len = meta.num_decodes, 12, 64, 64 * BLOCK
+    pad = bucket - nd
+    tables = torch.zeros(bucket, width, dtype=torch.int32, device=DEVICE)
+    tables[:nd, : meta.block_tables.shape[1]] = meta.block_tables
+    tables[nd:, :4] = meta.block_tables[:pad, -4:]  # stale rows of an earlier step: valid block ids
+    prefix_blocks = torch.full((width,), 40, dtype=torch.int32, device=DEVICE)  # stale: not this step's
+    prefix_blocks[:NUM_SHARED] = meta.prefix_blocks
+    ones = torch.ones(pad, dtype=torch.int32, device=DEVICE)
+    padded = AttentionMetadata(
+        slot_mapping=torch.cat([meta.slot_mapping, torch.full((pad,), -1, dtype=torch.int64, device=DEVICE)]),
+        block_tables=tables, context_lens=torch.cat([meta.context_lens, ones]),
+        cu_seqlens_q=torch.arange(bucket + 1, dtype=torch.int32, device=DEVICE), num_decodes=bucket,
+        max_context_len=max_model_len, max_query_len=1, context_lens_list=[1] * bucket,
+        query_lens_list=[1] * bucket, prefix_len=meta.prefix_len.clone(), prefix_blocks=prefix_blocks,
+        max_prefix_len=max_model_len,
+    )  # fmt: skip
+    cache = torch.randn(2, 64, BLOCK, HK, D, generator=gen).to(DEVICE)
+    qkv = random_qkv(bucket, gen)
+    with torch.inference_mode():
+        graphed, kv_graphed = attend("triton", padded, qkv, cache)
+        paged, kv_paged = attend("triton", plain(meta), tuple(t[:nd] for t in qkv), cache)
+    torch.testing.assert_close(kv_graphed, kv_paged)  # padding rows wrote nothing
+    assert_rel_close(graphed[:nd], paged, rel_tol(torch.float32, DEVICE, uses_dot=True))
+    assert torch.isfinite(graphed[nd:]).all()

@@ -36,6 +36,8 @@ _HELP = {
     "its own engine core process",
     "cuda_graph_max_prefill_tokens": "CUDA: steps with up to this many prefill tokens (and decodes) replay a "
     "CUDA graph; 0 graphs decode-only steps only",
+    "disable_cascade_attn": "CUDA: no cascade attention (decodes sharing a prefix-cached prompt prefix of >= 256 "
+    "tokens read it once per batch, not once per sequence)",
 }
 
 

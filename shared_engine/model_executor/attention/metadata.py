@@ -25,6 +25,13 @@ class AttentionMetadata:
     max_query_len: int
     context_lens_list: list[int]
     query_lens_list: list[int]
+    # Cascade decode attention (Triton backend; see `cascade.py`): the decodes' block tables all begin with
+    # `prefix_blocks[:prefix_len // block_size]`, and prefix_len < every decode's context length (but a CUDA
+    # graph's padding rows: see cuda_graph_runner.py). None: plain paged decode attention. Tensors, not ints,
+    # so one CUDA graph serves every prefix length.
+    prefix_len: torch.Tensor | None = None  # [1] int32, tokens, a multiple of block_size
+    prefix_blocks: torch.Tensor | None = None  # [>= prefix_len // block_size] int32: the shared block ids
+    max_prefix_len: int = 0  # tokens, >= prefix_len: sizes the prefix kernel's split grid
     # Per-step plans a backend derives from this layout once and reuses in every layer (e.g. the torch
     # backend's decode length buckets); keyed by the backend.
     backend_cache: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -32,3 +39,7 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return len(self.context_lens_list)
+
+    @property
+    def use_cascade(self) -> bool:
+        return self.prefix_len is not None

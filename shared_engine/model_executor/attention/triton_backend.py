@@ -1,6 +1,7 @@
 """Triton paged attention (CUDA): KV write, then split-K decode attention for the leading decode sequences
-and varlen causal prefill attention for the prefill chunks after them. No host syncs, so a decode-only
-step can be captured in a CUDA graph."""
+(cascade attention over their shared block-table prefix when the metadata carries one) and varlen causal
+prefill attention for the prefill chunks after them. No host syncs, so a step can be captured in a CUDA
+graph."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from kernels.kv_cache_write import write_kv_cache
 from kernels.paged_decode_attention import paged_decode_attention
 from kernels.paged_prefill_attention import paged_prefill_attention
+from kernels.shared_prefix_decode_attention import shared_prefix_decode_attention
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
 from shared_engine.model_executor.attention.registry import register_backend
 
@@ -28,7 +30,11 @@ class TritonPagedAttention:
         write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         nd = meta.num_decodes
-        if nd:
+        if nd and meta.use_cascade:
+            shared_prefix_decode_attention(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.context_lens[:nd],
+                                           meta.prefix_blocks, meta.prefix_len, scale, out=out[:nd],
+                                           max_prefix_len=meta.max_prefix_len, max_context_len=meta.max_context_len)
+        elif nd:
             paged_decode_attention(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.context_lens[:nd], scale,
                                    out=out[:nd], max_context_len=meta.max_context_len)
         if meta.num_seqs > nd:
