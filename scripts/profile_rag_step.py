@@ -85,7 +85,7 @@ def kernel_breakdown(fn) -> dict[str, float]:
 @torch.inference_mode()
 def profile_step(runner: ModelRunner, out: SchedulerOutput) -> dict:
     """CUDA time of one step as a graph replay and eagerly (ms), and the eager step's kernel time by kernel."""
-    inputs = build_inputs(out, BLOCK, runner.device)
+    inputs = build_inputs(out, BLOCK, runner.device, cascade=runner.enable_cascade)
     key = runner.graph_runner.select(inputs.meta, inputs.input_ids.shape[0])
 
     def eager():

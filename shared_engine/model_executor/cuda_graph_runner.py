@@ -39,8 +39,9 @@ from shared_engine.model_executor.attention.metadata import AttentionMetadata
 
 # Prefill-token buckets for mixed graphs; beyond the largest a step is compute-bound and runs eagerly.
 PREFILL_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
-DECODE_BUCKETS = (0, 8, 16, 32, 64, 128, 256, 512)
+DECODE_BUCKETS = (0, 8, 16, 24, 32, 48, 64, 128, 256, 512)
 MAX_PREFILL_SEQS = 8
+_TOKEN_ALIGN = 16
 
 
 def mixed_buckets(max_num_seqs: int, max_prefill_tokens: int) -> tuple[list[int], list[int]]:
@@ -53,18 +54,37 @@ def mixed_buckets(max_num_seqs: int, max_prefill_tokens: int) -> tuple[list[int]
     return decode, prefill
 
 
+def budget_filling_sizes(decode_buckets: list[int], token_budget: int, max_prefill_tokens: int
+                         ) -> list[tuple[int, int]]:
+    """Extra mixed graphs (D, T) for the steps a loaded server runs most: decodes plus a prefill chunk that
+    fills the token budget. nd decodes (prev < nd <= D, prev the next smaller decode bucket) leave at most
+    budget - prev - 1 prefill tokens, so T = that, rounded up to 16, fits every such step with fewer padded
+    rows than the cross product's next bucket. Example: budget 512, 60 decodes + 452 prefill tokens replays
+    (64, 464) = 528 rows instead of (64, 512) = 576, 8% fewer rows through every GEMM."""
+    sizes = []
+    for prev, d in zip(decode_buckets, decode_buckets[1:]):
+        t = -(-(token_budget - prev - 1) // _TOKEN_ALIGN) * _TOKEN_ALIGN
+        if 0 < t <= max_prefill_tokens:
+            sizes.append((d, t))
+    return sizes
+
+
 class CudaGraphRunner:
     def __init__(self, model, kv_caches, backend, *, decode_sizes: list[int], mixed_decode_sizes: list[int],
                  mixed_prefill_sizes: list[int], max_prefill_seqs: int, max_blocks_per_seq: int,
-                 max_model_len: int, device: torch.device, enable_cascade: bool = False) -> None:
+                 max_model_len: int, device: torch.device, enable_cascade: bool = False,
+                 extra_mixed_sizes: list[tuple[int, int]] = ()) -> None:
         self.decode_sizes = sorted(decode_sizes)
         self.mixed_decode_sizes = sorted(mixed_decode_sizes)
         self.mixed_prefill_sizes = sorted(mixed_prefill_sizes)
+        # (D, T) pairs beyond the cross product (budget_filling_sizes), only with mixed graphs
+        self.extra_mixed_sizes = sorted(set(extra_mixed_sizes)) if self.mixed_prefill_sizes else []
         self.max_prefill_seqs = max_prefill_seqs if self.mixed_prefill_sizes else 0
         max_tokens = max(self.decode_sizes or [0])
         max_seqs = max_tokens
         if self.mixed_prefill_sizes:
-            max_tokens = max(max_tokens, self.mixed_decode_sizes[-1] + self.mixed_prefill_sizes[-1])
+            max_tokens = max(max_tokens, self.mixed_decode_sizes[-1] + self.mixed_prefill_sizes[-1],
+                             *(d + t for d, t in self.extra_mixed_sizes))
             max_seqs = max(max_seqs, self.mixed_decode_sizes[-1] + self.max_prefill_seqs)
         self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
@@ -80,6 +100,7 @@ class CudaGraphRunner:
         self.outputs: dict[tuple[int, int, bool], torch.Tensor] = {}
         sizes = [(bs, 0) for bs in self.decode_sizes]
         sizes += [(d, t) for d in self.mixed_decode_sizes for t in self.mixed_prefill_sizes]
+        sizes += [size for size in self.extra_mixed_sizes if size not in sizes]
         keys = [(d, t, False) for d, t in sizes]
         keys += [(d, t, True) for d, t in sizes if enable_cascade and d >= CASCADE_MIN_DECODES]
         pool = None
@@ -145,9 +166,11 @@ class CudaGraphRunner:
             return None
         d = next((s for s in self.mixed_decode_sizes if s >= nd), None)
         t = next((s for s in self.mixed_prefill_sizes if s >= prefill_tokens), None)
-        if d is None or t is None:
+        fits = [(d, t)] if d is not None and t is not None else []
+        fits += [(ed, et) for ed, et in self.extra_mixed_sizes if ed >= nd and et >= prefill_tokens]
+        if not fits:
             return None
-        return (d, t)
+        return min(fits, key=lambda size: (size[0] + size[1], size[1]))  # fewest padded rows
 
     @torch.inference_mode()
     def run(self, key: tuple[int, int, bool], input_ids: torch.Tensor, positions: torch.Tensor,

@@ -11,7 +11,12 @@ import torch
 from shared_engine.config import EngineConfig
 from shared_engine.core.scheduler_output import SchedulerOutput
 from shared_engine.model_executor.attention.registry import get_backend
-from shared_engine.model_executor.cuda_graph_runner import MAX_PREFILL_SEQS, CudaGraphRunner, mixed_buckets
+from shared_engine.model_executor.cuda_graph_runner import (
+    MAX_PREFILL_SEQS,
+    CudaGraphRunner,
+    budget_filling_sizes,
+    mixed_buckets,
+)
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
@@ -127,6 +132,7 @@ class ModelRunner:
         decode_sizes = [s for s in cfg.device.cuda_graph_sizes if s <= max_num_seqs]
         max_prefill = min(cfg.device.cuda_graph_max_prefill_tokens, cfg.scheduler.token_budget)
         mixed_decode, mixed_prefill = mixed_buckets(max_num_seqs, max_prefill)
+        filling = budget_filling_sizes(mixed_decode, cfg.scheduler.token_budget, max_prefill)
         if not decode_sizes and not mixed_prefill:
             return
         started = time.perf_counter()
@@ -136,7 +142,8 @@ class ModelRunner:
                 self.model, self.kv_caches, self.backend, decode_sizes=decode_sizes,
                 mixed_decode_sizes=mixed_decode, mixed_prefill_sizes=mixed_prefill,
                 max_prefill_seqs=min(MAX_PREFILL_SEQS, max_num_seqs), max_blocks_per_seq=-(-max_len // self.block_size),
-                max_model_len=max_len, device=self.device, enable_cascade=self.enable_cascade)
+                max_model_len=max_len, device=self.device, enable_cascade=self.enable_cascade,
+                extra_mixed_sizes=filling)
         self.capture_seconds = time.perf_counter() - started
         self.num_cuda_graphs = len(self.graph_runner.graphs)
 
