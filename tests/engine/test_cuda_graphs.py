@@ -5,6 +5,7 @@ same for cascade attention (decodes sharing a prefix-cached prompt prefix) again
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import random
 
@@ -232,7 +233,8 @@ def test_greedy_generation_cascade_equals_no_cascade(small_model_dir):
     for disable, eager in ((True, False), (False, False), (False, True)):
         llm = LLM(str(small_model_dir), load_format="dummy", dtype="float32", max_model_len=1024,
                   max_num_seqs=16, max_num_batched_tokens=64, enable_prefix_caching=True,
-                  disable_cascade_attn=disable, enforce_eager=eager, device="cuda")
+                  disable_cascade_attn=disable, enforce_eager=eager, device="cuda",
+                  num_gpu_blocks_override=1024)  # a fixed pool: not sized from what earlier LLMs left free
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         results[disable, eager] = [o.outputs[0].token_ids for o in outs]
         runner = llm.engine.runner
@@ -244,7 +246,8 @@ def test_greedy_generation_cascade_equals_no_cascade(small_model_dir):
         else:
             # measured on the CPU with the same schedule: 24 of 43 steps, 8 of them with prefill chunks
             assert runner.cascade_graph_steps > 0 and runner.cascade_steps >= runner.cascade_graph_steps
-        del llm
+        del llm, runner  # the runner holds the model and KV cache: free both before the next LLM
+        gc.collect()
         torch.cuda.empty_cache()
     assert results[False, False] == results[True, False]
     assert results[False, True] == results[True, False]
