@@ -10,7 +10,6 @@ import json
 import os
 import signal
 
-import httpx
 import pytest
 
 from shared_engine.config import EngineConfig
@@ -20,6 +19,7 @@ from shared_engine.entrypoints.openai.api_server import create_app
 from shared_engine.entrypoints.openai.engine_core_client import EngineCoreClient, EngineCoreStartError
 from shared_engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from shared_engine.sampling_params import SamplingParams
+from tests.server.app_runner import run_app
 
 PROMPT = [5, 6, 7, 8, 9]
 
@@ -27,19 +27,6 @@ PROMPT = [5, 6, 7, 8, 9]
 def _config(tiny_model_dir, **settings) -> EngineConfig:
     return EngineConfig.from_flat(model=str(tiny_model_dir), load_format="dummy", device="cpu",
                                   num_gpu_blocks_override=64, **settings)
-
-
-def _run(app, scenario):
-    async def main():
-        app.state.ctx.async_engine.start(asyncio.get_running_loop())
-        try:
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as client:
-                return await scenario(client)
-        finally:
-            app.state.ctx.async_engine.shutdown()
-
-    return asyncio.run(main())
 
 
 async def _stream_tokens(client, body) -> tuple[list[str], list[int]]:
@@ -96,7 +83,7 @@ def test_process_engine_matches_in_thread_engine(tiny_model_dir, reference):
         assert float(iterations[0].split()[-1]) > 0
         return outputs[-1]
 
-    final = _run(app, scenario)
+    final = run_app(app, scenario)
     got, want = final.outputs[0], reference.outputs[0]
     assert got.token_ids == want.token_ids
     assert [sorted(e) for e in got.logprobs] == [sorted(e) for e in want.logprobs]
@@ -128,7 +115,7 @@ def test_process_engine_rejects_and_keeps_serving(tiny_model_dir):
             await asyncio.sleep(0.1)
         assert float(running[0].split()[-1]) == 0
 
-    _run(app, scenario)
+    run_app(app, scenario)
 
 
 def test_core_death_fails_in_flight_requests_and_health(tiny_model_dir):
@@ -163,7 +150,7 @@ def test_core_death_fails_in_flight_requests_and_health(tiny_model_dir):
         again = await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
         assert again.status_code == 503
 
-    _run(app, scenario)
+    run_app(app, scenario)
 
 
 def test_core_that_cannot_start_raises(tmp_path):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
 import pytest
 
 from shared_engine.config import EngineConfig
 from shared_engine.engine.llm_engine import LLMEngine
 from shared_engine.entrypoints.openai.api_server import create_app
 from shared_engine.entrypoints.openai.server_config import ServerConfig
+from tests.server.app_runner import run_app
 
 PROMPT = [5, 6, 7, 8]
 
@@ -20,19 +20,6 @@ PROMPT = [5, 6, 7, 8]
 def _engine(tiny_model_dir, **settings) -> LLMEngine:
     return LLMEngine(EngineConfig.from_flat(model=str(tiny_model_dir), load_format="dummy", device="cpu",
                                             num_gpu_blocks_override=64, **settings))
-
-
-def _run(app, scenario):
-    async def main():
-        app.state.ctx.async_engine.start(asyncio.get_running_loop())
-        try:
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as client:
-                return await scenario(client)
-        finally:
-            app.state.ctx.async_engine.shutdown()
-
-    return asyncio.run(main())
 
 
 def test_engine_failure_fails_requests_and_health(tiny_model_dir):
@@ -52,7 +39,7 @@ def test_engine_failure_fails_requests_and_health(tiny_model_dir):
         again = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
         assert again.status_code == 503
 
-    _run(app, scenario)
+    run_app(app, scenario)
 
 
 def test_overload_is_503_with_retry_after(tiny_model_dir):
@@ -91,7 +78,7 @@ def test_overload_is_503_with_retry_after(tiny_model_dir):
         ok = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1})
         assert ok.status_code == 200
 
-    _run(app, scenario)
+    run_app(app, scenario)
 
 
 def test_api_key_and_body_limit(tiny_model_dir):
@@ -108,7 +95,7 @@ def test_api_key_and_body_limit(tiny_model_dir):
         big = await client.post("/v1/completions", headers=auth, json={"prompt": list(range(1, 600))})
         assert big.status_code == 413 and big.json()["error"]["code"] == 413
 
-    _run(app, scenario)
+    run_app(app, scenario)
 
 
 def test_metrics_names_and_labels(tiny_model_dir):
@@ -119,7 +106,7 @@ def test_metrics_names_and_labels(tiny_model_dir):
         assert r.status_code == 200 and r.json()["model"] == "tiny"
         return (await client.get("/metrics")).text
 
-    text = _run(app, scenario)
+    text = run_app(app, scenario)
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
@@ -161,4 +148,4 @@ def test_multiple_prompts_and_n(tiny_model_dir, body):
         assert sorted(c["index"] for c in data["choices"]) == [0, 1, 2, 3]
         assert data["usage"]["prompt_tokens"] == 4 and data["usage"]["completion_tokens"] == 8
 
-    _run(app, scenario)
+    run_app(app, scenario)
