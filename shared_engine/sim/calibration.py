@@ -8,7 +8,8 @@ minimises relative error, with the hardware profile's combine rule:
   the per-sequence overhead and the three inverse rates come from one non-negative least-squares solve.
   Weight bytes are the same every step for one model, so a per-step overhead cannot be told apart from
   weight streaming; it is folded into the latter (step_overhead_s = 0).
-- `max` (a roofline, GPUs): the bandwidth and matmul fractions are searched on a grid (attention at the
+- `phases` (GPUs; a roofline for the GEMMs plus one for attention, step_time.py) and `max` (one roofline
+  over the step): the bandwidth and matmul fractions are searched on a grid (attention at the
   matmul fraction), then on two finer grids around the best pair (a coarse grid step of 12% moved offline
   predictions by about 4%), and the two overheads solved by least squares for each pair. The pair kept is the
   one with the least *mean* absolute relative error. Not the median: a profile's scenarios decide its step
@@ -51,11 +52,18 @@ class StepFit:
     num_steps: int = 0
     num_outliers: int = 0
 
-    def predict(self, features: np.ndarray, bandwidth: float, matmul: float, combine: str) -> np.ndarray:
+    def predict(self, features: np.ndarray, bandwidth: float, matmul: float, combine: str,
+                weight_bytes: float = 0.0) -> np.ndarray:
+        """Step seconds (step_time.py's rules); `weight_bytes` (per step, in `moved`) splits the phases."""
         seqs, moved, mm, att = features
-        mem = moved / (bandwidth * self.bandwidth_fraction)
-        compute = mm / (matmul * self.matmul_fraction) + att / (matmul * self.attention_fraction)
-        body = mem + compute if combine == "sum" else np.maximum(mem, compute)
+        bw = bandwidth * self.bandwidth_fraction
+        if combine == "phases":
+            gemm = np.maximum(weight_bytes / bw, mm / (matmul * self.matmul_fraction))
+            body = gemm + np.maximum((moved - weight_bytes) / bw, att / (matmul * self.attention_fraction))
+        else:
+            mem = moved / bw
+            compute = mm / (matmul * self.matmul_fraction) + att / (matmul * self.attention_fraction)
+            body = mem + compute if combine == "sum" else np.maximum(mem, compute)
         return self.step_overhead_s + self.per_seq_overhead_s * seqs + body
 
 
@@ -68,15 +76,21 @@ def profile_features(profile: dict) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([totals[:, 0], moved, mm, att]), seconds
 
 
-def fit_steps(features: np.ndarray, seconds: np.ndarray, bandwidth: float, matmul: float, combine: str) -> StepFit:
-    """Best fit; `bandwidth` and `matmul` are the peaks (bytes/s, FLOP/s) the fractions scale."""
-    solve = _fit_sum if combine == "sum" else _fit_max
+def fit_steps(features: np.ndarray, seconds: np.ndarray, bandwidth: float, matmul: float, combine: str,
+              weight_bytes: float = 0.0) -> StepFit:
+    """Best fit; `bandwidth` and `matmul` are the peaks (bytes/s, FLOP/s) the fractions scale; `weight_bytes`
+    (the model's, read once per step) is needed by the `phases` rule."""
+    if combine == "sum":
+        solve = _fit_sum
+    else:
+        def solve(f, s, bw, mm):
+            return _fit_grid(f, s, bw, mm, combine, weight_bytes)
     fit = solve(features, seconds, bandwidth, matmul)
-    rel = fit.predict(features, bandwidth, matmul, combine) / seconds - 1.0
+    rel = fit.predict(features, bandwidth, matmul, combine, weight_bytes) / seconds - 1.0
     dev = np.abs(rel - np.median(rel))
     keep = dev <= 3 * max(float(np.median(dev)), 1e-3)
     fit = solve(features[:, keep], seconds[keep], bandwidth, matmul)
-    rel = np.abs(fit.predict(features, bandwidth, matmul, combine) / seconds - 1.0)[keep]
+    rel = np.abs(fit.predict(features, bandwidth, matmul, combine, weight_bytes) / seconds - 1.0)[keep]
     return dataclasses.replace(fit, median_rel_error=float(np.median(rel)), p90_rel_error=float(np.percentile(rel, 90)),
                                num_steps=int(keep.sum()), num_outliers=int((~keep).sum()))
 
@@ -99,12 +113,12 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         active.remove(int(np.argmin(coef)))
 
 
-def _fit_max(features, seconds, bandwidth, matmul) -> StepFit:
-    best = _search_max(features, seconds, bandwidth, matmul, _GRID, _GRID)
+def _fit_grid(features, seconds, bandwidth, matmul, combine, weight_bytes) -> StepFit:
+    best = _search(features, seconds, bandwidth, matmul, _GRID, _GRID, combine, weight_bytes)
     step = _GRID[1] / _GRID[0]
     for _ in range(_REFINE_ROUNDS):  # 9 x 9 points spanning one grid step either side, twice: 0.7% apart
-        best = _search_max(features, seconds, bandwidth, matmul, _around(best.bandwidth_fraction, step),
-                           _around(best.matmul_fraction, step))
+        best = _search(features, seconds, bandwidth, matmul, _around(best.bandwidth_fraction, step),
+                       _around(best.matmul_fraction, step), combine, weight_bytes)
         step **= 2 / (_REFINE_POINTS - 1)
     return best
 
@@ -113,14 +127,14 @@ def _around(fraction: float, step: float) -> np.ndarray:
     return np.clip(fraction * step ** np.linspace(-1, 1, _REFINE_POINTS), _GRID[0], _GRID[-1])
 
 
-def _search_max(features, seconds, bandwidth, matmul, bandwidth_grid, matmul_grid) -> StepFit:
+def _search(features, seconds, bandwidth, matmul, bandwidth_grid, matmul_grid, combine, weight_bytes) -> StepFit:
     """The (bandwidth, matmul) fraction pair with the least mean |relative error|, overheads solved per pair."""
     seqs = features[0]
     best, best_err = None, np.inf
     for fb in bandwidth_grid:
         for ff in matmul_grid:
             trial = StepFit(float(fb), float(ff), float(ff), 0.0, 0.0)
-            body = trial.predict(features, bandwidth, matmul, "max")
+            body = trial.predict(features, bandwidth, matmul, combine, weight_bytes)
             a, b = _overheads(seconds - body, seqs, seconds)
             err = np.mean(np.abs(body + a + b * seqs - seconds) / seconds)
             if err < best_err:
@@ -151,7 +165,8 @@ def calibrated(hardware: HardwareProfile, path: Path) -> HardwareProfile:
     if hardware.kind == "cpu":
         bandwidth = profile["ceilings"]["copy_bytes_per_s"]
         matmul = profile["ceilings"]["matmul_flops_per_s"]
-    fit = fit_steps(*profile_features(profile), bandwidth, matmul, hardware.combine)
+    weight_bytes = StepShape.from_arch(ModelArch.from_dict(profile["model_config"]), profile["dtype"]).weight_bytes
+    fit = fit_steps(*profile_features(profile), bandwidth, matmul, hardware.combine, weight_bytes)
     return dataclasses.replace(
         hardware, memory_bandwidth=bandwidth, matmul_flops=matmul, bandwidth_fraction=fit.bandwidth_fraction,
         matmul_fraction=fit.matmul_fraction, attention_fraction=fit.attention_fraction,

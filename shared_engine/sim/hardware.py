@@ -18,7 +18,7 @@ from pathlib import Path
 from shared_engine.config.validation import check_choice, check_range
 
 PROFILES_DIR = Path(__file__).parent / "hardware_profiles"
-COMBINE_RULES = {"max", "sum"}
+COMBINE_RULES = {"phases", "max", "sum"}
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,8 @@ class HardwareProfile:
     `bandwidth_fraction`, `matmul_fraction` and `attention_fraction` are the achieved shares of those
     peaks. A step costs
     `step_overhead_s + per_seq_overhead_s * num_seqs + combine(memory time, compute time)`, where
-    `combine` is `max` (a roofline: GPUs overlap the two) or `sum` (no overlap).
+    `combine` is `phases` (GPUs: a roofline for the GEMMs plus one for attention, which run one after the
+    other), `max` (one roofline over the whole step) or `sum` (no overlap: the CPU); see `step_time.py`.
     """
 
     name: str
@@ -43,7 +44,7 @@ class HardwareProfile:
     attention_fraction: float | None = None  # of the matmul peak; None: as matmul_fraction
     step_overhead_s: float = 0.0
     per_seq_overhead_s: float = 0.0
-    combine: str = "max"
+    combine: str = "phases"
     price_usd_per_hour: float | None = None
     price_date: str | None = None
     price_source: str = ""

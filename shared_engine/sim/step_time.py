@@ -8,9 +8,18 @@ For a step whose scheduled requests each compute `n` new tokens at positions `[s
     FLOPs  = 2 * body parameters * sum(n)              (every matmul in the layers, per token)
            + 2 * vocab * hidden * num_sampled          (LM head, only for tokens that sample)
            + 4 * layers * heads * head_dim * sum(n*s + n(n+1)/2)   (QK^T and PV, causal in the chunk)
-    time   = step_overhead + per_seq_overhead * num_seqs
-           + combine(bytes / achieved bandwidth,
-                     matmul FLOPs / achieved matmul rate + attention FLOPs / achieved attention rate)
+    time   = step_overhead + per_seq_overhead * num_seqs + body, where body is, by the profile's rule:
+      phases (GPUs): max(weight bytes / bandwidth, matmul FLOPs / matmul rate)
+                     + max(KV bytes / bandwidth, attention FLOPs / attention rate)
+      max:           max(bytes / bandwidth, matmul FLOPs / matmul rate + attention FLOPs / attention rate)
+      sum (the CPU): bytes / bandwidth + matmul FLOPs / matmul rate + attention FLOPs / attention rate
+
+`phases` is a roofline per phase: a step's kernels run one after another, so the GEMMs (bound by the weight
+stream or, with a prefill chunk, by compute) and attention (bound by the KV read) do not overlap each other.
+A single roofline over the whole step (`max`) lets a mixed step's compute-bound GEMMs hide its memory-bound
+decode attention: on the H200 it predicted the case_rag_chatbot step (60 decodes at ~5.7k context + a
+452-token chunk, llama-3.1-8b) at ~18 ms, where the step alone measured 24 ms
+(benchmarks/results/profile_rag_step_h200.json).
 
 The attention rate is the matmul peak times its own achieved fraction (on a GPU the same as the matmuls'
 unless a profile says otherwise; on the CPU the masked SDPA path runs far below the matmul rate).
@@ -81,12 +90,17 @@ class StepTimeModel:
         self._inv_bw = 1.0 / hardware.achieved_bandwidth
         self._inv_flops = 1.0 / hardware.achieved_matmul_flops
         self._inv_attn = 1.0 / hardware.achieved_attention_flops
-        self._use_max = hardware.combine == "max"
+        self._combine = hardware.combine
+        self._weight_seconds = self.shape.weight_bytes * self._inv_bw
 
     def seconds_from_totals(self, num_seqs, num_tokens, num_sampled, ctx_tokens, attn_pairs) -> float:
         moved, matmul, attn = self.shape.bytes_and_flops(num_tokens, num_sampled, ctx_tokens, attn_pairs)
-        mem, compute = moved * self._inv_bw, matmul * self._inv_flops + attn * self._inv_attn
-        body = max(mem, compute) if self._use_max else mem + compute
+        if self._combine == "phases":
+            kv = (moved - self.shape.weight_bytes) * self._inv_bw
+            body = max(self._weight_seconds, matmul * self._inv_flops) + max(kv, attn * self._inv_attn)
+        else:
+            mem, compute = moved * self._inv_bw, matmul * self._inv_flops + attn * self._inv_attn
+            body = max(mem, compute) if self._combine == "max" else mem + compute
         hw = self.hardware
         return hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs + body
 
