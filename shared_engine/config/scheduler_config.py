@@ -13,12 +13,15 @@ class SchedulerConfig:
 
     `max_num_batched_tokens` is the per-step token budget shared by decodes (1 token each) and prefill
     chunks; None means 8192 (vLLM's offline default). `max_num_seqs` caps the requests in one step.
+    `enable_async_output_proc` processes step n's outputs after step n+1 is launched (vLLM V0's async
+    output processing; engine/async_output.py); off by default until measured on a GPU.
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True
     max_waiting_requests: int | None = None
+    enable_async_output_proc: bool = False
 
     def __post_init__(self) -> None:
         check_range("max_num_seqs", self.max_num_seqs, 1, 65536)

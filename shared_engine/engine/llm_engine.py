@@ -9,13 +9,15 @@ import time
 from shared_engine.config import EngineConfig
 from shared_engine.core.request import Request, RequestStatus
 from shared_engine.core.scheduler import build_scheduler
+from shared_engine.engine.async_output import AsyncOutputStepper
 from shared_engine.engine.kv_capacity import capacity_line, check_fits, num_kv_blocks
 from shared_engine.engine.output_builder import OutputBuilder
 from shared_engine.engine.request_validator import validate_request
 from shared_engine.engine.stats import EngineStats
 from shared_engine.engine.tokenizer import load_tokenizer
-from shared_engine.model_executor.model_runner import ModelRunner
+from shared_engine.model_executor.model_runner import ModelRunner, StepResult
 from shared_engine.model_loader.model_source import resolve_model
+from shared_engine.outputs import RequestOutput
 from shared_engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("shared_engine")
@@ -41,6 +43,7 @@ class LLMEngine:
         self.block_manager = self.scheduler.block_manager
         self.outputs = OutputBuilder(self.tokenizer)
         self.stats = EngineStats()
+        self.async_outputs = AsyncOutputStepper(self) if config.scheduler.enable_async_output_proc else None
         logger.info(capacity_line(num_blocks, config.cache.block_size, self.max_model_len))
         r = self.runner
         logger.info("Model %s loaded (%s, %s). Cold start: weight loading %.1f s, compilation (Triton JIT, "
@@ -101,11 +104,16 @@ class LLMEngine:
             self.outputs.drop(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests queued or running, or (async output processing) a step whose outputs are pending."""
+        return self.scheduler.has_unfinished_requests() or (
+            self.async_outputs is not None and self.async_outputs.in_flight is not None)
 
     # ---- one step ------------------------------------------------------------------------------------
     def step(self) -> list:
-        """Schedule, run the model once, sample, and return the `RequestOutput`s that changed."""
+        """Schedule, run the model once, sample, and return the `RequestOutput`s that changed. With
+        `enable_async_output_proc` the outputs are the previous step's (see async_output.py)."""
+        if self.async_outputs is not None:
+            return self.async_outputs.step()
         started = time.perf_counter()
         out = self.scheduler.schedule(time.time())
         if out.is_empty:
@@ -117,6 +125,17 @@ class LLMEngine:
         now = time.time()
         tokens = {rid: r.token_id for rid, r in result.sampled.items()}
         updated = self.scheduler.update_from_output(out, tokens, now)
+        outputs = self.process_outputs(result, updated, now)
+        finished = time.perf_counter()
+        self.stats.on_step(out, len(updated), finished - started, self.scheduler, self.block_manager,
+                           phases=(scheduled - started, executed - scheduled, finished - executed,
+                                   self.runner.gpu_span_seconds - gpu_before))
+        return outputs
+
+    def process_outputs(self, result: StepResult, updated: list[Request], now: float) -> list[RequestOutput]:
+        """Prompt logprobs, detokenisation and stop strings for a step whose tokens the scheduler has
+        taken (`updated`: `update_from_output`'s requests); a stop string finishes its request (and frees
+        its blocks) here. Returns the step's `RequestOutput`s."""
         for request_id, (begin, values) in result.prompt_logprobs.items():
             self.outputs.add_prompt_logprobs(request_id, begin, values)
         for request in updated:
@@ -126,9 +145,4 @@ class LLMEngine:
                 self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, now)
             if request.is_finished:
                 self.runner.release(request.request_id)
-        outputs = self.outputs.collect(updated)
-        finished = time.perf_counter()
-        self.stats.on_step(out, len(updated), finished - started, self.scheduler, self.block_manager,
-                           phases=(scheduled - started, executed - scheduled, finished - executed,
-                                   self.runner.gpu_span_seconds - gpu_before))
-        return outputs
+        return self.outputs.collect(updated)

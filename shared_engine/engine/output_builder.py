@@ -50,7 +50,10 @@ class OutputBuilder:
 
     def add_prompt_logprobs(self, child_id: str, begin: int, values: list[float | None]) -> None:
         """Record prompt logprobs for positions begin, begin+1, ... (a recomputed chunk overwrites)."""
-        group = self.groups[self._parent[child_id]]
+        parent = self._parent.get(child_id)
+        if parent is None:
+            return  # aborted while its step ran (async output processing)
+        group = self.groups[parent]
         if group.children[0].request_id != child_id:
             return  # the n choices share one prompt
         for offset, value in enumerate(values):

@@ -36,6 +36,9 @@ _HELP = {
     "its own engine core process",
     "cuda_graph_max_prefill_tokens": "CUDA: steps with up to this many prefill tokens (and decodes) replay a "
     "CUDA graph; 0 graphs decode-only steps only",
+    "enable_async_output_proc": "process step n's outputs (detokenisation, stop strings) after launching step n+1 "
+    "(vLLM V0's async output processing); unmeasured, and on CUDA no overlap until the model runner's launch "
+    "stops blocking (engine/async_output.py)",
     "disable_cascade_attn": "CUDA: no cascade attention (decodes sharing a prefix-cached prompt prefix of >= 256 "
     "tokens read it once per batch, not once per sequence)",
 }
