@@ -104,19 +104,24 @@ def bench_decode(ctx: int, copy_gbs: float, sweep: bool, gen) -> dict:
 
 
 def bench_decode_small_batch(copy_gbs: float, gen) -> list[dict]:
-    """Split-K check where seqs * kv_heads is small next to the SM count (ctx 16k, 32/8 heads, d128)."""
+    """Split-K check where seqs * kv_heads is small next to the SM count (ctx 16k, and the batch-1 decode
+    benchmark's short context; 32/8 heads, d128)."""
     rows = []
-    for batch in (1, 8):
-        ctx, hq, hk, d = 16384, 32, 8, 128
+    for batch, ctx in ((1, 16384), (8, 16384), (1, 256)):
+        hq, hk, d = 32, 8, 128
         k_cache, v_cache, bt = paged_setup(batch, ctx, hk, d, 16, gen)
         lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
         q = torch.randn(batch, hq, d, device=DEV, dtype=BF16)
         nbytes = 2 * batch * ctx * hk * d * 2
-        heuristic = choose_num_splits(batch, hk, ctx, NUM_SMS)
-        for splits in sorted({1, 4, 16, 32, heuristic}):
+        # ctx 256: the batch-1 decode benchmark's contexts (32 + up to 256 tokens), its graphs sized for 512.
+        heuristic = choose_num_splits(batch, hk, ctx if ctx > 256 else 512, NUM_SMS)
+        for splits in sorted({1, 2, 4, 16, 32, heuristic}):
             args = (q, k_cache, v_cache, bt, lens, 0.088)
-            t = bench_us(lambda args=args, s=splits: paged_decode_attention(*args, num_splits=s))
-            row = {"batch": batch, "context": ctx, "num_splits": splits, "heuristic": splits == heuristic}
+            fn = lambda args=args, s=splits: paged_decode_attention(*args, num_splits=s)  # noqa: E731
+            # A short context's kernels last a few us, less than a launch: time them inside a CUDA graph.
+            t = bench_us(fn) if ctx > 256 else triton.testing.do_bench_cudagraph(fn, rep=100) * 1e3
+            row = {"batch": batch, "context": ctx, "num_splits": splits, "heuristic": splits == heuristic,
+                   "timing": "eager launches" if ctx > 256 else "cuda graph replay"}
             rows.append({**row, "us": t, "pct_copy_bw": 100 * nbytes / t / 1e3 / copy_gbs})
     return rows
 
@@ -207,6 +212,7 @@ def main() -> None:
     ap.add_argument(
         "--sweep", action="store_true", help="also time decode and prefill variants (block sizes, warps, stages)"
     )
+    ap.add_argument("--sweep-prefill", action="store_true", help="time the prefill variants only (not decode's)")
     ap.add_argument("--commit", default=None, help="git commit (default: git rev-parse HEAD)")
     args = ap.parse_args()
     commit = args.commit
@@ -232,7 +238,9 @@ def main() -> None:
     results["decode_small_batch"] = bench_decode_small_batch(copy_gbs, gen)
     results["shared_prefix_decode"] = bench_shared_prefix_decode(copy_gbs, gen)
     print(f"shared-prefix decode: {json.dumps(results['shared_prefix_decode'])}", flush=True)
-    results["prefill"] = bench_prefill(results["ceilings"]["bf16_matmul_TFLOPs"], args.sweep, gen)
+    results["prefill"] = bench_prefill(
+        results["ceilings"]["bf16_matmul_TFLOPs"], args.sweep or args.sweep_prefill, gen
+    )
     results["elementwise"] = bench_elementwise(copy_gbs, gen)
     Path(args.out).write_text(json.dumps(results, indent=1))
 
