@@ -34,7 +34,7 @@ from shared_engine.sim.model_shape import resolve_arch  # noqa: E402
 from shared_engine.sim.workload import RequestSpec  # noqa: E402
 
 RUNS = {
-    "llama-3.1-8b_1000x1000": ("benchmarks/results/offline_llama8b_1000x1000_run4.json",
+    "llama-3.1-8b_1000x1000": ("benchmarks/results/offline_llama8b_1000x1000_run5.json",
                                "shared_engine/sim/step_profiles/h200_llama-3.1-8b.json"),
     "qwen3-0.6b_nanovllm": ("benchmarks/results/offline_qwen3_0.6b_nanovllm_run3.json",
                             "shared_engine/sim/step_profiles/h200_qwen3-0.6b.json"),

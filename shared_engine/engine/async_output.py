@@ -32,12 +32,10 @@ What differs from running without the flag:
   other unseeded random requests can sample differently (greedy and seeded requests cannot);
 - the step time logged for step n is its scheduling + model runner + output processing time.
 
-On CUDA the gain needs the model runner's `execute` split into a launch (enqueue the step, copy the
-sampled ids to pinned memory) and a collect (wait for that copy): today `execute` ends with an event
-synchronize and the sampler's `.tolist()`, so (c) returns only once step n+1's ids are on the host and
-(d) does not overlap the device yet: until then the flag only delays every output by one step (each
-token reaches clients about one step later). `_launch` and `_collect` below are the seam for that split;
-on CPU everything is synchronous anyway. Hence off by default: the gain is unmeasured.
+On CUDA the model runner's `launch` enqueues step n+1 (inputs, graph replay, sampling, the copy of its
+sampled ids to pinned host memory) and returns without waiting, so (d) runs while the device works;
+`collect` waits for the copy. What still runs with the device idle: collecting, updating the scheduler,
+scheduling and building step n+1's inputs. Off by default until its gain is measured on the H200.
 """
 
 from __future__ import annotations
@@ -50,7 +48,7 @@ from shared_engine.core.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:
     from shared_engine.engine.llm_engine import LLMEngine
-    from shared_engine.model_executor.model_runner import StepResult
+    from shared_engine.model_executor.model_runner import LaunchedStep
     from shared_engine.outputs import RequestOutput
 
 
@@ -59,10 +57,9 @@ class _InFlightStep:
     """A launched step whose outputs have not been processed yet."""
 
     out: SchedulerOutput
-    result: StepResult  # the runner's result (a handle to wait on, once the runner can launch without blocking)
+    launched: LaunchedStep  # the runner's handle on the step's device work
     schedule_seconds: float
-    execute_seconds: float
-    gpu_seconds: float  # the runner's GPU span (CUDA; 0 on CPU)
+    launch_seconds: float  # host time of the runner's launch
 
 
 class AsyncOutputStepper:
@@ -80,8 +77,11 @@ class AsyncOutputStepper:
         if previous is None:
             self.in_flight = self._launch()
             return []
+        collecting = time.perf_counter()
+        gpu_before = engine.runner.gpu_span_seconds
+        result = engine.runner.collect(previous.launched)  # (a)
         collected = time.perf_counter()
-        result = self._collect(previous)  # (a)
+        gpu_seconds = engine.runner.gpu_span_seconds - gpu_before
         now = time.time()
         tokens = {rid: r.token_id for rid, r in result.sampled.items()}
         updated = engine.scheduler.update_from_output(previous.out, tokens, now)  # (b)
@@ -90,10 +90,12 @@ class AsyncOutputStepper:
         processing = time.perf_counter()
         outputs = engine.process_outputs(result, updated, now)  # (d)
         output_seconds = updated_seconds + time.perf_counter() - processing
+        # model runner: its launch plus the wait in collect (what the device had left when the host got there)
+        model_seconds = previous.launch_seconds + (collected - collecting)
         engine.stats.on_step(
-            previous.out, len(updated), previous.schedule_seconds + previous.execute_seconds + output_seconds,
+            previous.out, len(updated), previous.schedule_seconds + model_seconds + output_seconds,
             engine.scheduler, engine.block_manager,
-            phases=(previous.schedule_seconds, previous.execute_seconds, output_seconds, previous.gpu_seconds))
+            phases=(previous.schedule_seconds, model_seconds, output_seconds, gpu_seconds))
         return outputs
 
     def _launch(self) -> _InFlightStep | None:
@@ -104,12 +106,5 @@ class AsyncOutputStepper:
         if out.is_empty:
             return None
         scheduled = time.perf_counter()
-        gpu_before = engine.runner.gpu_span_seconds
-        result = engine.runner.execute(out)
-        return _InFlightStep(out, result, scheduled - started, time.perf_counter() - scheduled,
-                             engine.runner.gpu_span_seconds - gpu_before)
-
-    @staticmethod
-    def _collect(step: _InFlightStep) -> StepResult:
-        """Wait for a launched step's sampled ids (already on the host: `execute` is synchronous)."""
-        return step.result
+        launched = engine.runner.launch(out)
+        return _InFlightStep(out, launched, scheduled - started, time.perf_counter() - scheduled)

@@ -36,6 +36,18 @@ class StepResult:
     prompt_logprobs: dict[str, tuple[int, list[float | None]]]
 
 
+@dataclass
+class LaunchedStep:
+    """A step enqueued on the device by `ModelRunner.launch`; `ModelRunner.collect` waits for it."""
+
+    requests: list  # the sampled rows' requests, in row order
+    token_ids: torch.Tensor | None  # [num_sampled] int64 on the host (pinned on CUDA), filled asynchronously
+    copied: torch.cuda.Event | None  # recorded after the device-to-host copy of the token ids (CUDA)
+    raw_logprobs: torch.Tensor | None  # [num_sampled, vocab] fp32 on the device, when logprobs were asked
+    prompt_logprobs: dict[str, tuple[int, list[float | None]]]
+    span: tuple | None  # (start, end) timing events of the step's device work (CUDA)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, source: ModelSource) -> None:
         self.config = config
@@ -148,15 +160,22 @@ class ModelRunner:
         self.num_cuda_graphs = len(self.graph_runner.graphs)
 
     # ---- one step ------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
-        timing = self.device.type == "cuda"
-        if timing:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        """Run one step and wait for its sampled tokens (`launch` then `collect`)."""
+        return self.collect(self.launch(out))
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput) -> LaunchedStep:
+        """Enqueue one step (inputs, forward as a CUDA graph replay where one fits, logits, sampling, and the
+        copy of the sampled ids to pinned host memory) and return without waiting for the device, so that
+        the host can work while it runs (async output processing). Steps must be collected in launch order.
+        Prompt logprobs, when a request asks for them, are computed here and do wait for the device."""
+        cuda = self.device.type == "cuda"
+        span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade)
         self.cascade_steps += inputs.meta.use_cascade
-        if timing:
-            start.record()
+        if cuda:
+            span[0].record()
         key = None if self.graph_runner is None else self.graph_runner.select(inputs.meta, inputs.input_ids.shape[0])
         if key is not None:
             hidden = self.graph_runner.run(key, inputs.input_ids, inputs.positions, inputs.meta)
@@ -166,17 +185,35 @@ class ModelRunner:
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         prompt_logprobs = self._prompt_logprobs(out, hidden, inputs)
-        sampled: dict[str, SampleResult] = {}
-        if inputs.sampled_rows:
+        requests = [out.scheduled[row].request for row in inputs.sampled_rows]
+        token_ids = raw_logprobs = copied = None
+        if requests:
             logits = self.model.compute_logits(hidden[inputs.sample_indices])  # [num_sampled, vocab]
-            requests = [out.scheduled[row].request for row in inputs.sampled_rows]
-            for request, result in zip(requests, self.sampler(logits, requests)):
-                sampled[request.request_id] = result
-        if timing:
-            end.record()
-            end.synchronize()
-            self.gpu_span_seconds += start.elapsed_time(end) / 1e3
-        return StepResult(sampled, prompt_logprobs)
+            tokens, raw_logprobs = self.sampler.sample(logits, requests)
+            if cuda:
+                token_ids = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+                token_ids.copy_(tokens, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record()
+            else:
+                token_ids = tokens
+        if cuda:
+            span[1].record()
+        return LaunchedStep(requests, token_ids, copied, raw_logprobs, prompt_logprobs, span)
+
+    @torch.inference_mode()
+    def collect(self, step: LaunchedStep) -> StepResult:
+        """Wait for a launched step's sampled ids and return its `StepResult`."""
+        sampled: dict[str, SampleResult] = {}
+        if step.requests:
+            if step.copied is not None:
+                step.copied.synchronize()
+            results = self.sampler.results(step.token_ids.tolist(), step.raw_logprobs, step.requests)
+            sampled = {request.request_id: result for request, result in zip(step.requests, results)}
+        if step.span is not None:
+            step.span[1].synchronize()
+            self.gpu_span_seconds += step.span[0].elapsed_time(step.span[1]) / 1e3
+        return StepResult(sampled, step.prompt_logprobs)
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, inputs) -> dict[str, list]:
         """Log-probability of each prompt token given the ones before it (for `prompt_logprobs`/echo)."""

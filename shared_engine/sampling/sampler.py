@@ -37,6 +37,13 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampleResult]:
         """`logits` `[num_seqs, vocab]` fp32, one row per request (which must need a sample)."""
+        tokens, raw_logprobs = self.sample(logits, requests)
+        return self.results(tokens.tolist(), raw_logprobs, requests)
+
+    def sample(self, logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Enqueue the sampling of one token per row without waiting for the device. Returns the token ids
+        `[num_seqs]` int64 (on logits' device) and, when a request asked for `logprobs`, the raw
+        log-probabilities `[num_seqs, vocab]` fp32 (else None); `results` turns them into `SampleResult`s."""
         raw_logprobs = None
         if any(r.sampling_params.logprobs is not None for r in requests):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
@@ -55,8 +62,12 @@ class Sampler:
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
             tokens[random_rows] = self._sample(logits[random_rows], [requests[i] for i in random_rows])
-        token_list = tokens.tolist()
-        return [self._result(i, token_list[i], raw_logprobs, r) for i, r in enumerate(requests)]
+        return tokens, raw_logprobs
+
+    def results(self, token_ids: list[int], raw_logprobs: torch.Tensor | None,
+                requests: list[Request]) -> list[SampleResult]:
+        """`SampleResult`s from `sample`'s outputs, the token ids already on the host."""
+        return [self._result(i, token_ids[i], raw_logprobs, r) for i, r in enumerate(requests)]
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         vocab = logits.shape[1]

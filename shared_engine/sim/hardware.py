@@ -49,6 +49,7 @@ class HardwareProfile:
     price_date: str | None = None
     price_source: str = ""
     datasheet_source: str = ""
+    memory_source: str = ""  # where memory_bytes comes from, when not the datasheet
     fraction_source: str = ""
     overhead_source: str = ""
     calibration: str | None = None  # step profile file (relative to the sim package) the fit came from

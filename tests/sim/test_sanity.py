@@ -20,9 +20,9 @@ BUSY = {"name": "busy", "seed": 1, "num_requests": 300, "arrival": {"process": "
         "prefix": {"system_prompt_len": 256}}
 
 
-def simulator(gpu: str = "L4", model: str = "qwen3-0.6b") -> Simulator:
+def simulator(gpu: str = "L4", model: str = "qwen3-0.6b", **engine) -> Simulator:
     _, arch = resolve_arch(model)
-    return Simulator(EngineConfig.from_flat(**ENGINE), arch, load_hardware(gpu))
+    return Simulator(EngineConfig.from_flat(**{**ENGINE, **engine}), arch, load_hardware(gpu))
 
 
 def test_more_replicas_never_slower():
@@ -78,8 +78,11 @@ def test_kv_pool_from_memory_and_model():
     sim = simulator("H200", "llama-3.1-8b")
     kv_per_token = 2 * 32 * 8 * 128 * 2  # layers * kv heads * head_dim * bf16, K and V
     tokens = sim.num_blocks * 16
-    free = 141e9 * 0.9 - 16.06e9
+    free = 150.11e9 * 0.9 - 16.06e9  # the memory CUDA reports on our H200, less the weights
     assert 0.9 * free / kv_per_token < tokens < free / kv_per_token
+    # The engine's own pool under the same config (benchmarks/results/offline_llama8b_1000x1000_run5.json).
+    sim_2048 = simulator("H200", "llama-3.1-8b", max_model_len=2048, max_num_batched_tokens=8192)
+    assert sim_2048.num_blocks * 16 == pytest.approx(904_016, rel=0.01)
     with pytest.raises(ValueError, match="do not fit"):
         simulator("T4", "llama-3.1-8b")
 
