@@ -122,7 +122,9 @@ def scenarios(budget: int, max_len: int, quick: bool, gpu: bool = False) -> list
             # Every request outlives the batch's prefill steps (ceil(b * ctx / budget)), so the scenario
             # ends with 12 steps of all b decoding at once: the large decode batches the offline runs spend
             # most of their time in (with 12 outputs each, a 448 x 1k batch never ran more than ~45 at once).
-            cases.append((f"decode-b{b}-ctx{ctx}", [(ctx, 12 + -(-b * ctx // budget))] * b, []))
+            out_len = 12 + -(-b * ctx // budget)
+            prompt = min(ctx, max_len - out_len)  # keep prompt + outputs within max_model_len
+            cases.append((f"decode-b{b}-ctx{ctx}", [(prompt, out_len)] * b, []))
     if not quick:
         mixed = [(8, 256), (16, 128), (4, 512)]
         if gpu:

@@ -89,14 +89,16 @@ def load_profile(name: str, path: Path = WORKLOAD_FILE) -> CaseProfile:
 
 
 def load_variant(name: str, profile: str, path: Path = WORKLOAD_FILE) -> dict:
-    """`{"config": Path, "context_first": bool}` for `first_attempt` or `the_fix` on `profile`."""
+    """`{"config": Path, "context_first": bool, "replicas": int}` for `first_attempt` or `the_fix` on
+    `profile` (`replicas`: engine servers, one per GPU; 1 unless the variant says otherwise)."""
     variants = load_workload(path)["variants"]
     if name not in variants:
         raise KeyError(f"unknown variant {name!r}; known: {sorted(variants)}")
     v = variants[name]
     if profile not in v["config"]:
         raise KeyError(f"variant {name!r} has no config for profile {profile!r}")
-    return {"config": CASE_DIR / v["config"][profile], "context_first": bool(v["context_first"])}
+    return {"config": CASE_DIR / v["config"][profile], "context_first": bool(v["context_first"]),
+            "replicas": int(v.get("replicas", {}).get(profile, 1))}
 
 
 @dataclass

@@ -9,6 +9,10 @@ TTFT percentiles so an overloaded server cannot look good by never answering).
 
 A scraper polls `/metrics` every `scrape_interval_s` (the gauges as a time series) and snapshots the
 counters when the window opens and after the drain (deltas = the window's engine work).
+
+With several replicas (one engine server per GPU), user u always talks to replica u mod N (session
+affinity, as a gateway or a Service with `sessionAffinity: ClientIP` routes one client), and the scraper
+merges the replicas' metrics (`engine_client.merge_metrics`).
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ async def _user(uid: int, shape: LoadShape, sampler: RequestSampler, client: htt
         await stream_completion(client, url, model, request.prompt, request.max_tokens, record)
 
 
-async def _scraper(client: httpx.AsyncClient, base_url: str, shape: LoadShape, t0: float, series: dict,
+async def _scraper(client: httpx.AsyncClient, base_url: list[str], shape: LoadShape, t0: float, series: dict,
                    snapshots: dict, stop: asyncio.Event) -> None:
     while not stop.is_set():
         now = time.perf_counter() - t0
@@ -98,8 +102,10 @@ async def idle_reference(base_url: str, model: str, sampler: RequestSampler, see
             "median_itl_ms": 1000 * float(np.median(record.itl_s)) if record.itl_s else 0.0, "error": record.error}
 
 
-async def run_load(base_url: str, model: str, sampler: RequestSampler, shape: LoadShape) -> LoadResult:
-    url = base_url.rstrip("/") + "/v1/completions"
+async def run_load(base_url: str | list[str], model: str, sampler: RequestSampler, shape: LoadShape) -> LoadResult:
+    """`base_url`: one server, or a list of replicas (users spread over them, metrics merged)."""
+    base_url = [u.rstrip("/") for u in ([base_url] if isinstance(base_url, str) else base_url)]
+    urls = [u + "/v1/completions" for u in base_url]
     limits = httpx.Limits(max_connections=shape.users + 4, max_keepalive_connections=shape.users + 4)
     records: list[RequestRecord] = []
     series: dict = {"t_s": [], **{name: [] for name in GAUGES}}
@@ -109,7 +115,7 @@ async def run_load(base_url: str, model: str, sampler: RequestSampler, shape: Lo
         t0 = time.perf_counter()
         stop = asyncio.Event()
         scraper = asyncio.create_task(_scraper(metrics_client, base_url, shape, t0, series, snapshots, stop))
-        users = [asyncio.create_task(_user(u, shape, sampler, client, url, model, t0, records))
+        users = [asyncio.create_task(_user(u, shape, sampler, client, urls[u % len(urls)], model, t0, records))
                  for u in range(shape.users)]
         await asyncio.sleep(shape.warmup_s + shape.duration_s)
         _, pending = await asyncio.wait(users, timeout=shape.drain_s)

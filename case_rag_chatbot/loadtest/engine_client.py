@@ -105,10 +105,30 @@ COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:pr
 ITERATION_BUCKETS = "vllm:iteration_tokens_total_bucket"
 
 
-async def scrape(client: httpx.AsyncClient, base_url: str) -> dict[str, float]:
-    response = await client.get(base_url + "/metrics", timeout=30)
-    response.raise_for_status()
-    return parse_metrics(response.text)
+async def scrape(client: httpx.AsyncClient, base_urls: str | list[str]) -> dict[str, float]:
+    """`/metrics` of one server, or of several replicas merged (`merge_metrics`)."""
+    urls = [base_urls] if isinstance(base_urls, str) else base_urls
+    merged = []
+    for url in urls:
+        response = await client.get(url + "/metrics", timeout=30)
+        response.raise_for_status()
+        merged.append(parse_metrics(response.text))
+    return merge_metrics(merged)
+
+
+def merge_metrics(replicas: list[dict[str, float]]) -> dict[str, float]:
+    """Replicas' samples as one deployment's: counters, histogram buckets and request gauges add up; a
+    `_perc` gauge (KV cache usage) takes the fullest replica, the one that preempts first."""
+    out: dict[str, float] = {}
+    for metrics in replicas:
+        for key, value in metrics.items():
+            if key not in out:
+                out[key] = value
+            elif "_perc" in key:
+                out[key] = max(out[key], value)
+            else:
+                out[key] += value
+    return out
 
 
 def iteration_histogram(metrics: dict[str, float]) -> dict[str, float]:

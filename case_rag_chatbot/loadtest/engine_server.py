@@ -9,6 +9,7 @@ the YAML (the server's precedence: defaults < YAML < flags). The server's log go
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -50,7 +51,9 @@ def preset_vocab_size(model: str) -> int | None:
 
 class EngineServer:
     def __init__(self, config: Path | None, settings: dict, extra_args: list[str], log_path: Path,
-                 startup_timeout_s: float = 900.0) -> None:
+                 startup_timeout_s: float = 900.0, gpu: int | None = None, wait: bool = True) -> None:
+        """`gpu`: pin the server to that CUDA device (`CUDA_VISIBLE_DEVICES`), one replica per GPU.
+        `wait=False` returns at once (start several, then `wait_healthy` each)."""
         settings = dict(settings)
         vocab = preset_vocab_size(str(settings.get("model", "")))
         if settings.get("load_format") == "dummy" and vocab and "tokenizer" not in settings:
@@ -67,15 +70,23 @@ class EngineServer:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        env = dict(os.environ)
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        self.gpu = gpu
+        self.startup_timeout_s = startup_timeout_s
         self.proc = subprocess.Popen([sys.executable, "-m", "shared_engine", *self.args], stdout=self._log,
-                                     stderr=subprocess.STDOUT)
-        self._wait_healthy(startup_timeout_s)
+                                     stderr=subprocess.STDOUT, env=env)
+        if wait:
+            self.wait_healthy()
 
     @property
     def command(self) -> str:
-        return "python -m shared_engine " + " ".join(self.args)
+        prefix = "" if self.gpu is None else f"CUDA_VISIBLE_DEVICES={self.gpu} "
+        return prefix + "python -m shared_engine " + " ".join(self.args)
 
-    def _wait_healthy(self, timeout_s: float) -> None:
+    def wait_healthy(self) -> None:
+        timeout_s = self.startup_timeout_s
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

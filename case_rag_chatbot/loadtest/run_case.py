@@ -45,7 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", required=True, help="workload.yaml profile: cpu or h200")
     p.add_argument("--workload", type=Path, default=WORKLOAD_FILE, help="the workload file (default: the case's)")
     p.add_argument("--variant", required=True, choices=["first_attempt", "the_fix"])
-    p.add_argument("--base-url", help="target a running server instead of starting one")
+    p.add_argument("--base-url", help="target running servers instead of starting them (comma-separated "
+                   "replicas)")
     p.add_argument("--users", type=int, help="override the profile's users")
     p.add_argument("--think-time-mean-s", type=float, help="override the profile's mean think time")
     p.add_argument("--warmup-s", type=float)
@@ -54,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sweep-users", help="comma-separated user counts: one window each on the same server")
     p.add_argument("--serve-arg", action="append", default=[], help="extra serve flag, e.g. "
                    "--serve-arg=--max-num-batched-tokens=512 (repeatable; wins over the config file)")
+    p.add_argument("--replicas", type=int, help="engine servers, one per GPU, users spread over them "
+                   "(default: the variant's `replicas` for the profile in workload.yaml, else 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="default: <variant>/results_<profile>.json (sweep_<profile>.json)")
     return p.parse_args(argv)
@@ -66,7 +69,8 @@ def split_serve_args(values: list[str]) -> list[str]:
     return out
 
 
-def measure(base_url: str, profile, variant: dict, shape: LoadShape, seed: int) -> dict:
+def measure(base_urls: list[str], profile, variant: dict, shape: LoadShape, seed: int) -> dict:
+    base_url = base_urls[0]  # replicas run the same config: the first answers for all
     card = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0]
     engine_config = httpx.get(base_url + "/version", timeout=30).json().get("engine_config") or {}
     order = segment_order(variant["context_first"])
@@ -76,7 +80,7 @@ def measure(base_url: str, profile, variant: dict, shape: LoadShape, seed: int) 
                          f"max_model_len {card['max_model_len']}")
     reference = asyncio.run(idle_reference(base_url, card["id"], sampler, seed))
     started = time.time()
-    result = asyncio.run(run_load(base_url, card["id"], sampler, shape))
+    result = asyncio.run(run_load(base_urls, card["id"], sampler, shape))
     window = (shape.warmup_s, shape.warmup_s + shape.duration_s)
     summary = latency_summary(result.records, shape.duration_s)
     summary |= system_prompt_hits(result.records, int(engine_config.get("block_size", 16)))
@@ -123,33 +127,47 @@ def main(argv=None) -> int:
     out = args.out or CASE_DIR / args.variant / (f"sweep_{args.profile}.json" if sweep else
                                                  f"results_{args.profile}.json")
     serve_args = split_serve_args(args.serve_arg)
-    server = None
+    replicas = args.replicas or variant.get("replicas", 1)
+    servers: list[EngineServer] = []
     if args.base_url:
-        base_url = args.base_url.rstrip("/")
+        base_urls = [u.rstrip("/") for u in args.base_url.split(",")]
     else:
-        log = out.with_suffix(".server.log")
-        server = EngineServer(variant["config"], profile.engine, serve_args, log)
-        base_url = server.url
+        try:  # one server per GPU, started together; replica i logs to <out>.server[i].log
+            for i in range(replicas):
+                log = out.with_suffix(".server.log" if i == 0 else f".server{i}.log")
+                servers.append(EngineServer(variant["config"], profile.engine, serve_args, log,
+                                            gpu=i if replicas > 1 else None, wait=False))
+            for server in servers:
+                server.wait_healthy()
+        except BaseException:
+            for server in servers:
+                server.stop()
+            raise
+        base_urls = [server.url for server in servers]
+    server = servers[0] if servers else None
     try:
         runs = []
         for users in sweep or [profile.users]:
             point = dataclasses.replace(shape, users=users)
-            run = measure(base_url, profile, variant, point, args.seed)
+            run = measure(base_urls, profile, variant, point, args.seed)
             run["summary"]["targets_met"] = check_targets(run["summary"], profile.targets)
             if server is not None:
                 run["engine_log_stats_lines"] = server.log_lines("Avg prompt throughput")[-40:]
+                run["engine_step_time_lines"] = server.log_lines("Step time:")[-40:]
             print_block(f"{args.variant} / {args.profile} / {users} users", run["summary"], profile.targets,
                         run["idle_reference"])
             runs.append(run)
     finally:
-        if server is not None:
-            server.stop()
+        for replica in servers:
+            replica.stop()
     from benchmarks.env_info import environment  # after the server stopped: torch may touch the GPU
 
     record = {
         "case": "rag_chatbot", "profile": args.profile, "variant": args.variant,
         "command": "python " + " ".join([str(Path(sys.argv[0]))] + sys.argv[1:]),
-        "server_command": server.command if server else f"(running server at {base_url})",
+        "server_command": server.command if server else f"(running servers at {', '.join(base_urls)})",
+        "replicas": len(base_urls),
+        "server_commands": [replica.command for replica in servers],
         **environment(),
         "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM")},
         "config_file": str(variant["config"].relative_to(CASE_DIR)),

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import yaml
@@ -19,7 +20,7 @@ LOADTEST = REPO / "case_rag_chatbot" / "loadtest"
 sys.path.insert(0, str(LOADTEST))
 
 from case_workload import RequestSampler, load_profile, load_variant  # noqa: E402
-from engine_client import RequestRecord, iteration_histogram, parse_metrics  # noqa: E402
+from engine_client import RequestRecord, iteration_histogram, merge_metrics, parse_metrics  # noqa: E402
 from prompt_builder import build_messages, segment_order  # noqa: E402
 from summary import engine_summary, system_prompt_hits  # noqa: E402
 
@@ -91,6 +92,18 @@ def test_metrics_parsing_and_window_deltas():
     assert e["max_num_requests_waiting"] == 3 and e["prefill_tokens_computed_per_request"] == 10.0
 
 
+def test_replicas_metrics_merge_as_one_deployment():
+    a = {"vllm:prompt_tokens_total": 100.0, "vllm:num_requests_waiting": 2.0, "vllm:kv_cache_usage_perc": 0.7,
+         'vllm:iteration_tokens_total_bucket{le="64.0"}': 5.0}
+    b = {"vllm:prompt_tokens_total": 50.0, "vllm:num_requests_waiting": 1.0, "vllm:kv_cache_usage_perc": 0.2,
+         'vllm:iteration_tokens_total_bucket{le="64.0"}': 3.0, "vllm:num_preemptions_total": 1.0}
+    m = merge_metrics([a, b])
+    assert m["vllm:prompt_tokens_total"] == 150.0 and m["vllm:num_requests_waiting"] == 3.0
+    assert m["vllm:kv_cache_usage_perc"] == 0.7  # the fullest replica, not a sum over 100 %
+    assert iteration_histogram(m) == {"64.0": 8.0} and m["vllm:num_preemptions_total"] == 1.0
+    assert merge_metrics([a]) == a
+
+
 @pytest.mark.slow
 def test_run_case_writes_a_complete_results_file(tmp_path):
     workload = yaml.safe_load((REPO / "case_rag_chatbot" / "workload.yaml").read_text())
@@ -130,9 +143,10 @@ def test_run_case_writes_a_complete_results_file(tmp_path):
 
 
 @pytest.mark.slow
-def test_sweep_against_a_running_server(tmp_path):
-    """`--base-url` (no server started) with `--sweep-users`: one window per user count, the highest that met
-    the targets named."""
+def test_sweep_against_running_replicas(tmp_path):
+    """`--base-url` with two running replicas (no server started) and `--sweep-users`: one window per user
+    count, the highest that met the targets named; user u talks to replica u mod 2, and the engine figures
+    count both replicas' work."""
     sys.path.insert(0, str(LOADTEST))
     from engine_server import EngineServer
 
@@ -148,13 +162,21 @@ def test_sweep_against_a_running_server(tmp_path):
     path = tmp_path / "workload.yaml"
     path.write_text(yaml.safe_dump(workload))
     out = tmp_path / "sweep_tiny.json"
-    with EngineServer(None, {"model": "smollm2-135m", "load_format": "dummy", "max_model_len": 128}, [],
-                      tmp_path / "server.log") as server:
+    settings = {"model": "smollm2-135m", "load_format": "dummy", "max_model_len": 128}
+    with EngineServer(None, settings, [], tmp_path / "server0.log", wait=False) as first, \
+            EngineServer(None, settings, [], tmp_path / "server1.log") as second:
+        first.wait_healthy()
         cmd = [sys.executable, str(LOADTEST / "run_case.py"), "--workload", str(path), "--profile", "tiny",
-               "--variant", "the_fix", "--base-url", server.url, "--sweep-users", "1,2", "--out", str(out)]
+               "--variant", "the_fix", "--base-url", f"{first.url},{second.url}", "--sweep-users", "1,2",
+               "--out", str(out)]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+        served = [parse_metrics(httpx.get(s.url + "/metrics").text)["vllm:prompt_tokens_total"]
+                  for s in (first, second)]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert [run["load"]["users"] for run in r["runs"]] == [1, 2] and r["server_command"].startswith("(running")
-    assert r["highest_sustained"]["users"] in (1, 2)
+    assert r["replicas"] == 2 and r["highest_sustained"]["users"] in (1, 2)
     assert all(run["summary"]["completed"] > 0 for run in r["runs"])
+    assert served[0] > 0 and served[1] > 0  # the second window's user 1 went to the second replica
+    counted = sum(run["summary"]["engine"]["prefill_tokens_computed"] for run in r["runs"])
+    assert counted > 0
