@@ -41,7 +41,8 @@ RUNS = {
 }
 # A serving run (closed-loop users, shared system prompt, chunked prefill mixed with decodes): the RAG case's
 # fix at the brief's scale, against the same llama-3.1-8b step profile.
-SERVING_RUN = ("case_rag_chatbot/the_fix/results_h200.json", "shared_engine/sim/step_profiles/h200_llama-3.1-8b.json")
+SERVING_RUN = ("benchmarks/results/rag_case_h200_the_fix_5de82f5_async_cascade.json",
+               "shared_engine/sim/step_profiles/h200_llama-3.1-8b.json")
 SERVING_KEYS = ("request_throughput", "median_ttft_ms", "p95_ttft_ms", "median_itl_ms", "p95_itl_ms")
 ENGINE_KEYS = ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
                "enable_prefix_caching", "gpu_memory_utilization")
