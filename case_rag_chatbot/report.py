@@ -2,8 +2,9 @@
 
     python case_rag_chatbot/report.py            # plots/*.png and README.md between the numbers markers
 
-Results files: `<variant>/results_<profile>.json` (one measured window, `loadtest/run_case.py`) and
-`<variant>/sweep_<profile>.json` (a user sweep), for the variants `first_attempt` and `the_fix` and the
+Results files: `<variant>/results_<profile>.json` (one measured window, `loadtest/run_case.py`),
+`<variant>/sweep_<profile>.json` (a user sweep) and `the_fix/one_replica_<profile>.json` (the fix's config
+on one GPU, an extra column when present), for the variants `first_attempt` and `the_fix` and the
 profiles `cpu` (this 2-core CPU, scaled down) and `h200` (the brief's scale). A profile without both results
 files is listed as not measured yet, with the command that measures it.
 """
@@ -26,6 +27,9 @@ BLOCKS = {  # README marker name -> generator; each block sits between <!-- NAME
     "budget": lambda: budget_section(),
 }
 LABELS = {"first_attempt": "First attempt", "the_fix": "The fix"}
+# Optional columns between the two variants: (variant, results-file kind, label). `the_fix/one_replica_h200.json`
+# is the fix's config on one GPU, the run that showed one H200 is not enough for 200 users.
+EXTRA_COLUMNS = (("the_fix", "one_replica", "The fix's config, one replica"),)
 
 
 def load(variant: str, profile: str, kind: str = "results") -> dict | None:
@@ -38,6 +42,7 @@ def _ms(v: float) -> str:
 
 
 ROWS = [  # (label, getter, formatter)
+    ("Engine replicas (one GPU each on the H200)", lambda r: r.get("replicas", 1), lambda v: f"{v}"),
     ("Users (closed loop) / mean think time", lambda r: (r["load"]["users"], r["load"]["think_time_mean_s"]),
      lambda v: f"{v[0]} / {v[1]:g} s"),
     ("Requests measured (completed / started)", lambda r: (r["summary"]["completed"], r["summary"]["num_requests"]),
@@ -99,13 +104,15 @@ def _cell(row, result: dict | None) -> str:
         return "n/a"
 
 
-def provenance(result: dict, variant: str) -> str:
+def provenance(result: dict, label: str) -> str:
     hw = result["hardware"]
     device = hw.get("gpu") or f"{hw.get('cpu')} ({hw.get('cpu_cores')} cores)"
+    if result.get("replicas", 1) > 1:
+        device = f"{result['replicas']} x {device}, one engine replica per GPU"
     model = result["model"].get("root") or result["model"].get("id")
     load = hw.get("load_average_1_5_15")
     load_text = f", load average {load[0]:.1f}" if load else ""
-    return (f"- {LABELS[variant]}: {device}{load_text}; model `{model}`; commit `{result['commit']}`; "
+    return (f"- {label}: {device}{load_text}; model `{model}`; commit `{result['commit']}`; "
             f"{result['date']}; engine `{result['server_command']}`; command `{result['command']}`")
 
 
@@ -130,12 +137,15 @@ def profile_section(profile: str) -> str:
         if not any(results.values()):
             return "\n".join(lines)
     any_result = next(r for r in results.values() if r)
+    columns = [(LABELS["first_attempt"], results["first_attempt"])]
+    columns += [(label, load(v, profile, kind)) for v, kind, label in EXTRA_COLUMNS if load(v, profile, kind)]
+    columns += [(LABELS["the_fix"], results["the_fix"])]
     lines += [f"Measured ({targets_text(profile, any_result)}):", "",
-              "| | " + " | ".join(LABELS[v] for v in VARIANTS) + " |", "|---|" + "---|" * len(VARIANTS)]
+              "| | " + " | ".join(label for label, _ in columns) + " |", "|---|" + "---|" * len(columns)]
     for row in ROWS:
-        lines.append(f"| {row[0]} | " + " | ".join(_cell(row, results[v]) for v in VARIANTS) + " |")
+        lines.append(f"| {row[0]} | " + " | ".join(_cell(row, r) for _, r in columns) + " |")
     lines += ["", "Where and how:"]
-    lines += [provenance(r, v) for v, r in results.items() if r]
+    lines += [provenance(r, label) for label, r in columns if r]
     for name in ("latency", "engine"):
         if (CASE_DIR / "plots" / f"{name}_{profile}.png").exists():
             lines += ["", f"![{name} {profile}](plots/{name}_{profile}.png)"]

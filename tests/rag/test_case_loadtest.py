@@ -180,3 +180,14 @@ def test_sweep_against_running_replicas(tmp_path):
     assert served[0] > 0 and served[1] > 0  # the second window's user 1 went to the second replica
     counted = sum(run["summary"]["engine"]["prefill_tokens_computed"] for run in r["runs"])
     assert counted > 0
+
+
+def test_gpu_deployment_keeps_the_measured_replica_floor():
+    """The Kubernetes GPU overlay never scales the engine below the replicas the fix was measured with."""
+    from tests.deploy.test_k8s_manifests import overlay
+
+    objs = overlay(REPO / "case_rag_chatbot" / "k8s", "gpu")
+    scaled = objs[("ScaledObject", "engine")]["spec"]
+    assert scaled["minReplicaCount"] == load_variant("the_fix", "h200")["replicas"] == 2
+    assert scaled["maxReplicaCount"] > scaled["minReplicaCount"]
+    assert load_variant("the_fix", "cpu")["replicas"] == load_variant("first_attempt", "h200")["replicas"] == 1
