@@ -164,8 +164,7 @@ def main() -> None:
                                                            "num_steps", "sim_wall_s")},
                 "measured": measured, "error_pct": errors,
                 "within_15pct": {k: abs(v) <= 15.0 for k, v in errors.items()}},
-        "h200": "not measured yet: needs the GPU issue's offline runs (llama-3.1-8b 1000/1000, qwen3-0.6b "
-                "nano-vllm workload) and a GPU step profile from scripts/profile_steps.py",
+        "h200": "see benchmarks/results/sim_fidelity_h200.json (scripts/sim_fidelity_gpu.py)",
     }
     if args.out and args.append and Path(args.out).exists():
         existing = json.loads(Path(args.out).read_text())
