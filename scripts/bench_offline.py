@@ -46,7 +46,8 @@ def run_ours(args, prompts, out_lens) -> tuple[dict, object]:
     chosen = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
               "max_model_len": args.max_model_len, "dtype": args.dtype, "load_format": args.load_format,
               "kv_cache_memory": args.kv_cache_memory, "gpu_memory_utilization": args.gpu_memory_utilization,
-              "enforce_eager": args.enforce_eager or None, "device": args.device}
+              "enforce_eager": args.enforce_eager or None, "device": args.device,
+              "enable_async_output_proc": args.enable_async_output_proc or None}
     llm = LLM(args.model, **{k: v for k, v in chosen.items() if v is not None})
     engine = llm.engine
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
@@ -154,6 +155,8 @@ def parse_args():
     p.add_argument("--kv-cache-memory", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--enable-async-output-proc", action="store_true",
+                   help="process step n's outputs while the device runs step n+1")
     p.add_argument("--hf-mode", choices=["generate", "generate_batch", "none"], default="generate")
     p.add_argument("--hf-batch-size", type=int, default=16)
     p.add_argument("--hf-num-requests", type=int, default=None, help="run transformers on the first K only")
