@@ -14,7 +14,9 @@ class SchedulerConfig:
     `max_num_batched_tokens` is the per-step token budget shared by decodes (1 token each) and prefill
     chunks; None means 8192 (vLLM's offline default). `max_num_seqs` caps the requests in one step.
     `enable_async_output_proc` processes step n's outputs after step n+1 is launched (vLLM V0's async
-    output processing; engine/async_output.py); off by default until measured on a GPU.
+    output processing; engine/async_output.py). Off by default: on one H200 it hid the host work of the RAG
+    case's 200-user load (with cascade attention: steps 31 -> 22-25 ms; case_rag_chatbot/the_fix/config.yaml
+    turns it on), but it delays every output by one step and is not yet measured alone or offline.
     """
 
     max_num_seqs: int = 256
