@@ -39,11 +39,13 @@ class EngineClient:
                  timeout_s: float = 600.0) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model = model
-        # Idle connections close before the engine's 5 s keep-alive timeout, so a request is never sent on a
-        # connection the server is closing (httpx's default expiry is the same 5 s: a POST would fail).
+        # httpx's default pool (100 connections, 20 kept alive), with idle connections closed before the
+        # engine's 5 s keep-alive timeout, so a request is never sent on a connection the server is closing
+        # (httpx's default expiry is the same 5 s: a POST would fail).
         self.http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers,
                                       timeout=httpx.Timeout(timeout_s, connect=10.0),
-                                      limits=httpx.Limits(keepalive_expiry=3.0))
+                                      limits=httpx.Limits(max_connections=100, max_keepalive_connections=20,
+                                                          keepalive_expiry=3.0))
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -26,6 +26,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process may use: `CUDA_VISIBLE_DEVICES`'s entries when set, else 0..n-1 for
+    the n devices torch sees (none without CUDA)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
 def engine_flags(settings: dict) -> list[str]:
     """{"max_model_len": 4096, "enable_prefix_caching": False, "model": "x"} → serve arguments."""
     args: list[str] = []
@@ -52,8 +63,10 @@ def preset_vocab_size(model: str) -> int | None:
 class EngineServer:
     def __init__(self, config: Path | None, settings: dict, extra_args: list[str], log_path: Path,
                  startup_timeout_s: float = 900.0, gpu: int | None = None, wait: bool = True) -> None:
-        """`gpu`: pin the server to that CUDA device (`CUDA_VISIBLE_DEVICES`), one replica per GPU.
-        `wait=False` returns at once (start several, then `wait_healthy` each)."""
+        """`gpu`: pin the server to that CUDA device, one replica per GPU: the gpu-th entry of the caller's
+        `CUDA_VISIBLE_DEVICES` when set, else device `gpu`; the server gets `--device cuda`, so a replica
+        without its GPU fails at start instead of serving from the CPU. `wait=False` returns at once (start
+        several, then `wait_healthy` each)."""
         settings = dict(settings)
         vocab = preset_vocab_size(str(settings.get("model", "")))
         if settings.get("load_format") == "dummy" and vocab and "tokenizer" not in settings:
@@ -65,15 +78,16 @@ class EngineServer:
         self.url = f"http://127.0.0.1:{self.port}"
         if config is not None and Path(config).resolve().is_relative_to(Path.cwd()):
             config = Path(config).resolve().relative_to(Path.cwd())  # a command that reads the same anywhere
+        pin = [] if gpu is None else ["--device", "cuda"]
         self.args = ["serve", *engine_flags(settings), *(["--config", str(config)] if config else []),
-                     "--port", str(self.port), "--uvicorn-log-level", "warning", *extra_args]
+                     "--port", str(self.port), "--uvicorn-log-level", "warning", *pin, *extra_args]
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         env = dict(os.environ)
         if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-        self.gpu = gpu
+            env["CUDA_VISIBLE_DEVICES"] = visible_gpus()[gpu]
+        self.gpu = None if gpu is None else env["CUDA_VISIBLE_DEVICES"]
         self.startup_timeout_s = startup_timeout_s
         self.proc = subprocess.Popen([sys.executable, "-m", "shared_engine", *self.args], stdout=self._log,
                                      stderr=subprocess.STDOUT, env=env)

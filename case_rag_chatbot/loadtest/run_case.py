@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE.parents[1]))  # the repository root (benchmarks.env_
 import httpx  # noqa: E402
 from case_workload import CASE_DIR, WORKLOAD_FILE, RequestSampler, load_profile, load_variant  # noqa: E402
 from closed_loop import LoadShape, idle_reference, run_load  # noqa: E402
-from engine_server import EngineServer  # noqa: E402
+from engine_server import EngineServer, visible_gpus  # noqa: E402
 from prompt_builder import builder_name, segment_order  # noqa: E402
 from summary import check_targets, engine_summary, latency_summary, system_prompt_hits  # noqa: E402
 
@@ -67,6 +67,18 @@ def split_serve_args(values: list[str]) -> list[str]:
     for value in values:
         out += value.split("=", 1) if value.startswith("--") and "=" in value else [value]
     return out
+
+
+def check_same_config(base_urls: list[str]) -> None:
+    """Replicas must serve the same model under the same engine config (`/version`), since the results file
+    records the first one's for all."""
+    # `tokenizer` is a path on each server's machine (a synthetic one is written per server for dummy weights)
+    configs = [{k: v for k, v in (httpx.get(u + "/version", timeout=30).json().get("engine_config") or {}).items()
+                if k != "tokenizer"} for u in base_urls]
+    for url, config in zip(base_urls[1:], configs[1:]):
+        if config != configs[0]:
+            diff = sorted(k for k in set(config) | set(configs[0]) if config.get(k) != configs[0].get(k))
+            raise SystemExit(f"replica {url} runs another engine config than {base_urls[0]}: {diff}")
 
 
 def measure(base_urls: list[str], profile, variant: dict, shape: LoadShape, seed: int) -> dict:
@@ -131,7 +143,13 @@ def main(argv=None) -> int:
     servers: list[EngineServer] = []
     if args.base_url:
         base_urls = [u.rstrip("/") for u in args.base_url.split(",")]
+        if args.replicas and args.replicas != len(base_urls):
+            raise SystemExit(f"--replicas {args.replicas} but --base-url names {len(base_urls)} servers")
+        check_same_config(base_urls)
     else:
+        if replicas > 1 and len(visible_gpus()) < replicas:
+            raise SystemExit(f"{replicas} replicas need {replicas} GPUs (one each); this machine shows "
+                             f"{len(visible_gpus())} (pass --replicas to change the count)")
         try:  # one server per GPU, started together; replica i logs to <out>.server[i].log
             for i in range(replicas):
                 log = out.with_suffix(".server.log" if i == 0 else f".server{i}.log")
@@ -151,9 +169,12 @@ def main(argv=None) -> int:
             point = dataclasses.replace(shape, users=users)
             run = measure(base_urls, profile, variant, point, args.seed)
             run["summary"]["targets_met"] = check_targets(run["summary"], profile.targets)
-            if server is not None:
+            if server is not None:  # replica 0's lines; every replica's below when there are several
                 run["engine_log_stats_lines"] = server.log_lines("Avg prompt throughput")[-40:]
                 run["engine_step_time_lines"] = server.log_lines("Step time:")[-40:]
+            if len(servers) > 1:
+                run["replica_log_lines"] = [{"stats": s.log_lines("Avg prompt throughput")[-40:],
+                                             "step_time": s.log_lines("Step time:")[-40:]} for s in servers]
             print_block(f"{args.variant} / {args.profile} / {users} users", run["summary"], profile.targets,
                         run["idle_reference"])
             runs.append(run)

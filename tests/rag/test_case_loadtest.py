@@ -191,3 +191,41 @@ def test_gpu_deployment_keeps_the_measured_replica_floor():
     assert scaled["minReplicaCount"] == load_variant("the_fix", "h200")["replicas"] == 2
     assert scaled["maxReplicaCount"] > scaled["minReplicaCount"]
     assert load_variant("the_fix", "cpu")["replicas"] == load_variant("first_attempt", "h200")["replicas"] == 1
+
+
+def test_replicas_need_a_gpu_each(tmp_path, monkeypatch):
+    """The fix's H200 run starts two replicas, one per GPU: where there are fewer, it stops before starting
+    any server, instead of putting a replica on the CPU; an explicit `CUDA_VISIBLE_DEVICES` list is honoured."""
+    import run_case
+    from engine_server import visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert visible_gpus() == ["3"]
+    with pytest.raises(SystemExit, match="2 replicas need 2 GPUs"):
+        run_case.main(["--profile", "h200", "--variant", "the_fix", "--out", str(tmp_path / "r.json")])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 5")
+    assert visible_gpus() == ["2", "5"]
+    with pytest.raises(SystemExit, match="--replicas 3 but --base-url names 2"):
+        run_case.main(["--profile", "h200", "--variant", "the_fix", "--replicas", "3",
+                       "--base-url", "http://127.0.0.1:1,http://127.0.0.1:2", "--out", str(tmp_path / "r.json")])
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_replicas_with_different_configs_are_refused(monkeypatch):
+    import run_case
+
+    configs = {"http://a": {"max_model_len": 4096, "block_size": 16, "tokenizer": "/tmp/x"},
+               "http://b": {"max_model_len": 2048, "block_size": 16, "tokenizer": "/tmp/y"},
+               "http://c": {"max_model_len": 4096, "block_size": 16, "tokenizer": "/tmp/z"}}
+
+    class Reply:
+        def __init__(self, url):
+            self.url = url
+
+        def json(self):
+            return {"engine_config": configs[self.url.removesuffix("/version")]}
+
+    monkeypatch.setattr(run_case.httpx, "get", lambda url, timeout: Reply(url))
+    run_case.check_same_config(["http://a", "http://c"])  # only the tokenizer path differs
+    with pytest.raises(SystemExit, match=r"http://b runs another engine config .*\['max_model_len'\]"):
+        run_case.check_same_config(["http://a", "http://b"])
