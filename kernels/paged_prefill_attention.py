@@ -4,14 +4,11 @@ Sequence b brings q_len_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] new query tokens
 this step is context_lens[b] (cached prefix + the new chunk, already written to the cache). Query token i
 sits at position context_lens[b] - q_len_b + i and attends causally to KV positions <= its own.
 
-Two layouts of a program's BLOCK_M rows (same maths, same result up to rounding):
-- default: BLOCK_M query tokens of one sequence and one query head; grid (M tiles, seqs, query heads).
-  With GQA every K/V tile is loaded by each of the QUERIES_PER_KV query heads that share it.
-- packed (`pack_gqa=True`): rows are (query token, query head of the group) pairs of one sequence and one
-  kv head, row r = token * QUERIES_PER_KV + head in group (token-major, as in the shared-prefix decode
-  kernel's seq x queries-per-kv rows), so BLOCK_M rows span BLOCK_M / QUERIES_PER_KV tokens; grid
-  (M tiles, seqs, kv heads). Each K/V tile is loaded once per group and feeds one [BLOCK_M, BLOCK_N]
-  product; the causal mask uses each row's own token position.
+A program handles BLOCK_M query tokens of one sequence and one query head (grid: M tiles, seqs, query
+heads); with GQA each K/V tile is loaded by every query head of its group. Packing a group's query heads
+into one program's rows (one K/V load per group) was measured on the H200 at most 3% faster, on 4 x 2,048
+tokens and on the RAG case's 450-token chunk (benchmarks/results/kernels_h200_add5b01.json; the code is in
+commit add5b01), and was removed.
 """
 
 from __future__ import annotations
@@ -124,56 +121,6 @@ def _prefill_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
 
 
-@serving_jit(ints=("stride_bts",), pointers=("q_ptr", "block_tables_ptr", "cu_seqlens_q_ptr", "context_lens_ptr",
-                                            "out_ptr"))
-def _prefill_packed_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
-    scale, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_ot, stride_oh,
-    QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    tile = tl.program_id(0)
-    seq = tl.program_id(1)
-    kv_head = tl.program_id(2)
-    q_start = tl.load(cu_seqlens_q_ptr + seq)
-    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    if tile * BLOCK_M >= q_len * QUERIES_PER_KV:
-        return
-    ctx = tl.load(context_lens_ptr + seq)
-    prefix = ctx - q_len
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # row = token * QUERIES_PER_KV + query head in group
-    offs_m = rows // QUERIES_PER_KV  # [BLOCK_M] token index within the sequence's chunk
-    offs_d = tl.arange(0, HEAD_DIM)
-    m_valid = offs_m < q_len
-    q_heads = kv_head * QUERIES_PER_KV + rows % QUERIES_PER_KV
-    q_pos = prefix + offs_m  # [BLOCK_M], >= 0, so KV position 0 keeps every row's max finite
-    q_rows = (q_start + offs_m).to(tl.int64)
-    q_ptrs = q_ptr + q_rows[:, None] * stride_qt + q_heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=m_valid[:, None], other=0.0)
-    qk_scale = scale * 1.4426950408889634  # softmax in base 2
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    bt_row = block_tables_ptr + seq * stride_bts
-    head_off = kv_head * stride_ch
-    # The tile's first and last rows bound its token positions: KV blocks wholly at or before its first
-    # token need no mask; the rest, up to its last token (clipped to the chunk), do.
-    first_pos = prefix + tile * BLOCK_M // QUERIES_PER_KV
-    kv_end = tl.minimum(ctx, prefix + ((tile + 1) * BLOCK_M - 1) // QUERIES_PER_KV + 1)
-    full_end = tl.minimum((first_pos + 1) // BLOCK_N * BLOCK_N, kv_end)
-    m_i, l_i, acc = _attend_kv_range(
-        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, q_pos, 0, full_end, qk_scale,
-        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False,
-    )  # fmt: skip
-    m_i, l_i, acc = _attend_kv_range(
-        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, q_pos, full_end, kv_end, qk_scale,
-        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True,
-    )  # fmt: skip
-    out = acc / l_i[:, None]
-    o_ptrs = out_ptr + q_rows[:, None] * stride_ot + q_heads[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
-
-
 def paged_prefill_attention(
     q: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -188,16 +135,12 @@ def paged_prefill_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
-    pack_gqa: bool = False,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
     """Causal varlen attention of new query tokens over the paged cache (see the module docstring).
 
     `max_seqlen_q` (a python int, tokens) bounds every q_len_b and sizes the grid, so no host sync is
     needed. Requires context_lens[b] >= q_len_b. head_dim: power of two >= 16. `scale` multiplies q.k.
-    `block_m` (power of two >= 16) counts a program's rows: query tokens by default, (query token, query
-    head) pairs with `pack_gqa=True`, i.e. block_m // queries_per_kv tokens of all the query heads of one
-    kv head (valid for any queries_per_kv, 1 included). `pack_gqa` is opt-in until it is timed on a GPU
-    (scripts/bench_kernels.py --sweep, `prefill`). Both layouts launch without host syncs.
+    `block_m` (power of two >= 16) counts a program's query tokens. Launches without host syncs.
     Raises ValueError on bad shapes, dtypes, layouts or block_m.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES)
@@ -222,11 +165,7 @@ def paged_prefill_attention(
     if num_tokens == 0 or num_seqs == 0 or max_seqlen_q <= 0:
         return out
     group = num_q_heads // num_kv_heads
-    if pack_gqa:
-        kernel, grid = _prefill_packed_kernel, (triton.cdiv(max_seqlen_q * group, block_m), num_seqs, num_kv_heads)
-    else:
-        kernel, grid = _prefill_kernel, (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_q_heads)
-    kernel[grid](
+    _prefill_kernel[(triton.cdiv(max_seqlen_q, block_m), num_seqs, num_q_heads)](
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
         float(scale), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),

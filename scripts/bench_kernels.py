@@ -7,7 +7,7 @@ Ceilings measured in the same run: device-to-device copy bandwidth (bytes read +
 shuffled block tables) is compared with torch SDPA(enable_gqa=True) on contiguous K/V of the same shapes;
 shared-prefix decode (the same heads, a 4096-token shared prefix) with paged decode attention on the same data.
 Prefill attention (the same heads; 4 x 2048 new tokens, and a RAG chunk of 450 tokens after a 5,200-token
-cached prefix), default and GQA-packed layouts, is compared with SDPA on contiguous K/V in SDPA-equivalent FLOPs.
+cached prefix) is compared with SDPA on contiguous K/V in SDPA-equivalent FLOPs.
 Times are medians of triton.testing.do_bench (CUDA events, L2 flushed between runs), in microseconds.
 """
 
@@ -261,7 +261,7 @@ def main() -> None:
         print(f"decode batch {r['batch']} ctx {r['context']} splits {r['num_splits']}: {r['us']:.1f} us{tag}")
     for p in (results["prefill"], results["prefill"]["rag_chunk"]):
         print(f"prefill {p['shape']}: sdpa {p['sdpa_us']:.0f} us ({p['sdpa_TFLOPs']:.0f} TFLOP/s, {p['sdpa_form']})")
-        for name in ("default", "packed", "default_sweep_best", "packed_sweep_best"):
+        for name in ("default", "default_sweep_best"):
             r = p.get(name) or {}
             cfg = {k: v for k, v in r.items() if k not in ("us", "TFLOPs", "rel_err", "pct_matmul_peak")}
             if "us" in r:

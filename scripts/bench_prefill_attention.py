@@ -1,5 +1,5 @@
-"""Prefill attention benchmarks (imported by scripts/bench_kernels.py): the default and GQA-packed layouts of
-`paged_prefill_attention` against SDPA on contiguous K/V, in SDPA-equivalent FLOPs, for 4 x 2048 new tokens and
+"""Prefill attention benchmarks (imported by scripts/bench_kernels.py): `paged_prefill_attention` (and, with
+`sweep`, its tile shapes) against SDPA on contiguous K/V, in SDPA-equivalent FLOPs, for 4 x 2048 new tokens and
 a RAG chunk (450 tokens after a 5,200-token cached prefix)."""
 
 from __future__ import annotations
@@ -17,19 +17,8 @@ from kernel_bench_common import BF16, DEV, bench_us, contiguous_kv, paged_setup,
 
 from kernels import paged_prefill_attention  # noqa: E402
 
-# (block_m, block_n, num_warps, num_stages). Packed block_m counts (token, query head) rows: with 4 queries
-# per kv head, 128 rows are 32 tokens; 32 rows keep a short RAG chunk's grid over the 132 SMs.
+# (block_m, block_n, num_warps, num_stages)
 PREFILL_CONFIGS = ((64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 4, 3), (64, 32, 4, 3), (128, 32, 8, 3))
-PREFILL_PACKED_CONFIGS = (
-    (32, 64, 4, 2),
-    (64, 64, 4, 2),
-    (64, 32, 4, 3),
-    (128, 64, 4, 2),
-    (128, 64, 8, 2),
-    (128, 64, 4, 3),
-    (128, 32, 8, 3),
-    (256, 64, 8, 2),
-)
 
 
 def prefill_sdpa(q, k_cache, v_cache, bt, q_lens: list[int], ctx_lens: list[int], scale: float) -> dict:
@@ -68,7 +57,7 @@ def sdpa_out(outs: list[torch.Tensor]) -> torch.Tensor:  # [num_tokens, num_q_he
 def bench_prefill_case(
     q_lens: list[int], prefixes: list[int], matmul_tflops: float, sweep: bool, gen, hq=32, hk=8, d=128, bs=16
 ) -> dict:
-    """Both layouts of paged_prefill_attention (default and pack_gqa) against SDPA on one varlen batch.
+    """paged_prefill_attention against SDPA on one varlen batch.
 
     FLOPs are SDPA-equivalent: 4 * d * heads * sum_b (q_b * prefix_b + q_b^2 / 2) (QK^T and PV over the prefix
     and the causal half of the chunk); with no prefix it is the count of earlier results files."""
@@ -110,19 +99,14 @@ def bench_prefill_case(
         "sdpa_form": sdpa_form,
         "sdpa_forms": sdpa_forms,
         "default": timed(),
-        "packed": timed(pack_gqa=True),
     }
-    for name in ("default", "packed"):
-        if "us" in res[name]:
-            res[name]["pct_matmul_peak"] = 100 * res[name]["TFLOPs"] / matmul_tflops
+    if "us" in res["default"]:
+        res["default"]["pct_matmul_peak"] = 100 * res["default"]["TFLOPs"] / matmul_tflops
     if sweep:
-        for name, configs, pack in (("default", PREFILL_CONFIGS, False), ("packed", PREFILL_PACKED_CONFIGS, True)):
-            variants = [
-                timed(block_m=bm, block_n=bn, num_warps=w, num_stages=st, pack_gqa=pack) for bm, bn, w, st in configs
-            ]
-            ok = [x for x in variants if "us" in x]
-            res[f"{name}_sweep"] = variants
-            res[f"{name}_sweep_best"] = min(ok, key=lambda x: x["us"]) if ok else None
+        variants = [timed(block_m=bm, block_n=bn, num_warps=w, num_stages=st) for bm, bn, w, st in PREFILL_CONFIGS]
+        ok = [x for x in variants if "us" in x]
+        res["default_sweep"] = variants
+        res["default_sweep_best"] = min(ok, key=lambda x: x["us"]) if ok else None
     return res
 
 
@@ -133,11 +117,11 @@ def bench_prefill(matmul_tflops: float, sweep: bool, gen, qlen: int = 2048) -> d
     torch.cuda.empty_cache()
     rag = bench_prefill_case([450], [5200], matmul_tflops, sweep, gen)
     for r in (long, rag):
-        best = [r[k] for k in ("default", "packed", "default_sweep_best", "packed_sweep_best") if r.get(k, {})]
+        best = [r[k] for k in ("default", "default_sweep_best") if r.get(k, {})]
         ok = [x for x in best if "us" in x]
         r["fastest"] = min(ok, key=lambda x: x["us"]) if ok else None
     rag["per_step_32_layers_ms"] = {
-        k: 32 * rag[k]["us"] / 1e3 for k in ("default", "packed") if "us" in rag[k]
+        k: 32 * rag[k]["us"] / 1e3 for k in ("default",) if "us" in rag[k]
     } | {"sdpa": 32 * rag["sdpa_us"] / 1e3}
     d = long["default"]
     return {

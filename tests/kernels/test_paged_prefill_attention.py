@@ -10,27 +10,19 @@ CASES = [
     ([17, 3], [15, 32], 8, 4, 64, 32, 16, 32),  # chunked prefill over a cached prefix, GQA 2
     ([33, 1], [7, 40], 8, 2, 128, 16, 16, 16),  # GQA 4, head_dim 128, a decode-like row
     ([20, 9], [0, 17], 9, 3, 32, 16, 16, 32),  # GQA 3 (SmolLM2)
-]
-
-# pack_gqa=True: block_m counts (token, query head) rows, so a tile spans block_m // (hq // hk) tokens.
-PACKED_CASES = [
-    ([5, 16, 1], [0, 0, 0], 2, 2, 64, 16, 16, 16),  # MHA: rows are tokens, as in the default layout
-    ([17, 0, 3], [15, 9, 32], 4, 2, 64, 32, 32, 32),  # GQA 2: chunks start mid-block / on a block; empty seq
-    ([33, 1], [7, 48], 8, 2, 128, 16, 64, 16),  # GQA 4, head_dim 128: 16 tokens per tile; a decode-like row
-    ([19, 4], [0, 37], 8, 2, 64, 16, 16, 32),  # GQA 4 with 4-token tiles, block_n wider than a tile
-    ([6, 11], [16, 0], 8, 1, 64, 32, 32, 16),  # GQA 8: 4 tokens per tile, block_size 32
-    ([20, 9], [0, 17], 6, 2, 32, 16, 16, 32),  # GQA 3: tiles split a token's heads across two programs
+    ([17, 0, 3], [15, 9, 32], 4, 2, 64, 32, 32, 32),  # chunks start mid-block / on a block; an empty sequence
+    ([19, 4], [0, 37], 8, 2, 64, 16, 16, 32),  # block_n wider than block_m
+    ([6, 11], [16, 0], 8, 1, 64, 32, 32, 16),  # GQA 8, block_size 32
 ]
 
 
-def _run_case(device, dtype, q_lens, prefixes, hq, hk, d, bs, block_m, block_n, gen, pack_gqa=False):
+def _run_case(device, dtype, q_lens, prefixes, hq, hk, d, bs, block_m, block_n, gen):
     ctx = [q + p for q, p in zip(q_lens, prefixes)]
     k_cache, v_cache, bt, lens = make_paged_kv(ctx, hk, d, bs, dtype, device, gen=gen)
     cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
     q = torch.randn(sum(q_lens), hq, d, generator=gen).to(device=device, dtype=dtype)
     out = poisoned(q.shape, dtype, device)
     kw = dict(block_m=block_m, block_n=block_n) if block_m else {}
-    kw["pack_gqa"] = pack_gqa
     paged_prefill_attention(q, k_cache, v_cache, bt, cu, lens, d**-0.5, max(q_lens), out=out, **kw)
     ref = paged_prefill_attention_ref(q, k_cache, v_cache, bt, cu, lens, d**-0.5)
     assert_rel_close(out, ref, rel_tol(dtype, device, uses_dot=True))
@@ -40,12 +32,6 @@ def _run_case(device, dtype, q_lens, prefixes, hq, hk, d, bs, block_m, block_n, 
 def test_prefill_matches_reference(device, q_lens, prefixes, hq, hk, d, bs, block_m, block_n):
     gen = torch.Generator().manual_seed(sum(q_lens) * 131 + hq)
     _run_case(device, torch.float32, q_lens, prefixes, hq, hk, d, bs, block_m, block_n, gen)
-
-
-@pytest.mark.parametrize("q_lens,prefixes,hq,hk,d,bs,block_m,block_n", PACKED_CASES)
-def test_prefill_packed_gqa_matches_reference(device, q_lens, prefixes, hq, hk, d, bs, block_m, block_n):
-    gen = torch.Generator().manual_seed(sum(q_lens) * 137 + hq)
-    _run_case(device, torch.float32, q_lens, prefixes, hq, hk, d, bs, block_m, block_n, gen, pack_gqa=True)
 
 
 def test_prefill_rejects_bad_inputs(device):
@@ -60,16 +46,14 @@ def test_prefill_rejects_bad_inputs(device):
         paged_prefill_attention(
             q.transpose(1, 2).contiguous().transpose(1, 2), k_cache, v_cache, bt, cu, lens, 0.1, 5
         )
-    for pack_gqa in (False, True):
-        with pytest.raises(ValueError, match="block_m"):
-            paged_prefill_attention(q, k_cache, v_cache, bt, cu, lens, 0.1, 5, block_m=48, pack_gqa=pack_gqa)
+    with pytest.raises(ValueError, match="block_m"):
+        paged_prefill_attention(q, k_cache, v_cache, bt, cu, lens, 0.1, 5, block_m=48)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pack_gqa", [False, True])
 @pytest.mark.parametrize("hq,hk,bs", [(32, 8, 16), (9, 3, 32), (16, 16, 16)])
-def test_prefill_bf16_real_shapes(hq, hk, bs, pack_gqa):
+def test_prefill_bf16_real_shapes(hq, hk, bs):
     gen = torch.Generator().manual_seed(1)
     q_lens = [700, 1, 129, 2048, 63, 0]
     prefixes = [0, 900, 512, 0, 1000, 300]
-    _run_case("cuda", torch.bfloat16, q_lens, prefixes, hq, hk, 128, bs, None, None, gen, pack_gqa=pack_gqa)
+    _run_case("cuda", torch.bfloat16, q_lens, prefixes, hq, hk, 128, bs, None, None, gen)
