@@ -169,8 +169,8 @@ class ModelRunner:
         """Enqueue one step (inputs, forward as a CUDA graph replay where one fits, logits, sampling, and the
         copy of the sampled ids to pinned host memory) and return without waiting for the device, so that
         the host can work while it runs (async output processing). Steps must be collected in launch order.
-        Greedy steps never wait; prompt logprobs, penalties and random sampling still copy small per-step
-        tensors from pageable host memory, which waits for the device (not yet pinned)."""
+        Sampling never waits (its per-row settings reach the device from pinned memory,
+        `sampling/device_tensor.py`); prompt logprobs, when a request asks for them, do."""
         cuda = self.device.type == "cuda"
         span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade)

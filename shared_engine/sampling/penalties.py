@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from shared_engine.sampling.device_tensor import to_device
+
 
 def apply_penalties(
     logits: torch.Tensor,  # [num_seqs, vocab] fp32, modified in place
@@ -20,14 +22,14 @@ def apply_penalties(
     `presence` once for each token generated so far and `frequency * count` of it; prompt tokens do not
     count.
     """
-    vocab = logits.shape[1]
+    vocab, device = logits.shape[1], logits.device
     for row in range(logits.shape[0]):
         if repetition[row] != 1.0:
-            seen = torch.tensor(sorted(set(prompt_ids[row]) | set(output_ids[row])), dtype=torch.long)
-            seen = seen.to(logits.device)
+            seen = to_device(sorted(set(prompt_ids[row]) | set(output_ids[row])), torch.long, device)
             values = logits[row, seen]
             logits[row, seen] = torch.where(values > 0, values / repetition[row], values * repetition[row])
         if (presence[row] or frequency[row]) and output_ids[row]:
-            counts = torch.bincount(torch.tensor(output_ids[row], dtype=torch.long), minlength=vocab)
-            counts = counts.to(device=logits.device, dtype=logits.dtype)
+            ids = to_device(output_ids[row], torch.long, device)
+            counts = torch.zeros(vocab, dtype=logits.dtype, device=device).index_add_(
+                0, ids, torch.ones(len(output_ids[row]), dtype=logits.dtype, device=device))
             logits[row] -= frequency[row] * counts + presence[row] * (counts > 0).to(logits.dtype)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from shared_engine.core.request import Request
+from shared_engine.sampling.device_tensor import to_device
 from shared_engine.sampling.penalties import apply_penalties
 
 
@@ -61,7 +62,9 @@ class Sampler:
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
-            tokens[random_rows] = self._sample(logits[random_rows], [requests[i] for i in random_rows])
+            rows = to_device(random_rows, torch.long, logits.device)
+            sampled = self._sample(logits.index_select(0, rows), [requests[i] for i in random_rows])
+            tokens.index_copy_(0, rows, sampled)
         return tokens, raw_logprobs
 
     def results(self, token_ids: list[int], raw_logprobs: torch.Tensor | None,
@@ -72,7 +75,7 @@ class Sampler:
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         vocab = logits.shape[1]
         params = [r.sampling_params for r in requests]
-        temps = torch.tensor([p.temperature for p in params], device=logits.device, dtype=logits.dtype)
+        temps = to_device([p.temperature for p in params], logits.dtype, logits.device)
         logits = logits / temps[:, None]
         logits = _top_k(logits, [p.top_k if 0 < p.top_k < vocab else vocab for p in params])
         logits = _top_p(logits, [p.top_p for p in params])
@@ -81,7 +84,9 @@ class Sampler:
         noise = torch.empty_like(probs)
         unseeded = [row for row, r in enumerate(requests) if r.sampling_params.seed is None]
         if unseeded:  # one draw for all rows on the shared stream
-            noise[unseeded] = torch.empty_like(probs[unseeded]).exponential_(generator=self._default_gen(logits.device))
+            rows = to_device(unseeded, torch.long, logits.device)
+            draw = torch.empty((len(unseeded), probs.shape[1]), dtype=probs.dtype, device=probs.device)
+            noise.index_copy_(0, rows, draw.exponential_(generator=self._default_gen(logits.device)))
         for row, request in enumerate(requests):
             if request.sampling_params.seed is not None:
                 noise[row].exponential_(generator=self._generator(request, logits.device))
@@ -122,14 +127,16 @@ def _top_k(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:
         return logits
     k_max = max(k for k in ks if k < vocab)
     values = logits.topk(k_max, dim=-1).values  # [num_seqs, k_max]
-    kth = torch.stack([values[i, k - 1] if k < vocab else logits.new_tensor(-float("inf")) for i, k in enumerate(ks)])
+    k = to_device(ks, torch.long, logits.device)
+    kth = values.gather(1, (k.clamp(max=k_max) - 1)[:, None]).squeeze(1)
+    kth = kth.masked_fill(k >= vocab, -float("inf"))  # rows without top-k keep every token
     return logits.masked_fill(logits < kth[:, None], -float("inf"))
 
 
 def _top_p(logits: torch.Tensor, ps: list[float]) -> torch.Tensor:
     if all(p >= 1.0 for p in ps):
         return logits
-    top_p = torch.tensor(ps, device=logits.device, dtype=logits.dtype)
+    top_p = to_device(ps, logits.dtype, logits.device)
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it already does.
@@ -142,6 +149,6 @@ def _top_p(logits: torch.Tensor, ps: list[float]) -> torch.Tensor:
 def _min_p(probs: torch.Tensor, min_ps: list[float]) -> torch.Tensor:
     if all(p == 0 for p in min_ps):
         return probs
-    min_p = torch.tensor(min_ps, device=probs.device, dtype=probs.dtype)[:, None]
+    min_p = to_device(min_ps, probs.dtype, probs.device)[:, None]
     threshold = min_p * probs.max(-1, keepdim=True).values
     return probs.masked_fill(probs < threshold, 0.0)

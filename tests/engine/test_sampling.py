@@ -132,3 +132,30 @@ def test_logprobs_are_log_softmax_of_model(llm, default_model_dir):
         assert set(entry) == set(row.topk(5).indices.tolist()) | {token}
         total += entry[token].logprob
     assert math.isclose(choice.cumulative_logprob, total, abs_tol=1e-4)
+
+
+def test_top_k_top_p_min_p_filters_per_row():
+    """The filters with different settings per row in one batch (device tensors built from the rows' values):
+    each row keeps exactly the tokens its own reference filter keeps."""
+    from shared_engine.sampling.sampler import _min_p, _top_k, _top_p
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=gen)
+    ks = [50, 3, 1, 10]  # 50 = vocab: that row keeps everything
+    kept = _top_k(logits, ks) > -float("inf")
+    for row, k in enumerate(ks):
+        want = torch.zeros(50, dtype=torch.bool)
+        want[logits[row].topk(k).indices] = True
+        assert torch.equal(kept[row], want)
+    ps = [1.0, 0.5, 0.9, 0.2]
+    kept = _top_p(logits, ps) > -float("inf")
+    for row, p in enumerate(ps):
+        order = logits[row].argsort(descending=True)
+        mass = logits[row].softmax(-1)[order]
+        n = int((mass.cumsum(0) - mass < p).sum())  # smallest prefix whose mass reaches p
+        assert sorted(kept[row].nonzero().flatten().tolist()) == sorted(order[:n].tolist())
+    probs = logits.softmax(-1)
+    mins = [0.0, 0.3, 0.05, 1.0]
+    filtered = _min_p(probs, mins)
+    for row, m in enumerate(mins):
+        assert torch.equal(filtered[row] > 0, probs[row] >= m * probs[row].max())
