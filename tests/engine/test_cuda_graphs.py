@@ -97,14 +97,21 @@ def test_graph_step_equals_eager_step(runner, num_decodes, chunks):
             cache.copy_(before)
         graphed = runner.graph_runner.run(key, inputs.input_ids, inputs.positions, inputs.meta).clone()
     assert graphed.shape == eager.shape
-    # Triton's fp32 tl.dot runs in TF32 and the graph's decode kernel splits the context differently
-    # (sized for max_model_len), so rows agree to ~1e-3 relative; a wrong layout is off by O(1).
-    row_error = (graphed - eager).norm(dim=-1) / eager.norm(dim=-1)
-    assert row_error.max().item() < 2e-3, row_error
-    for graphed_cache, eager_cache, before in zip(runner.kv_caches, eager_caches, caches_before):
+    assert_matches_eager([graphed], eager, runner.kv_caches, eager_caches, caches_before)
+
+
+def assert_matches_eager(results, eager, caches, eager_caches, caches_before) -> None:
+    """Each of `results` (hidden states) agrees with the eager step's row by row, and `caches` hold what the
+    eager step wrote and nothing else. Triton's fp32 tl.dot runs in TF32 and graph grids split the context
+    differently (sized for max_model_len; cascade merges the prefix through its log-sum-exp), so rows agree to
+    ~1e-3 relative; a wrong layout or prefix is off by O(1)."""
+    for result in results:
+        row_error = (result - eager).norm(dim=-1) / eager.norm(dim=-1)
+        assert row_error.max().item() < 2e-3, row_error
+    for cache, eager_cache, before in zip(caches, eager_caches, caches_before):
         written = eager_cache != before
-        assert torch.equal(graphed_cache[~written], before[~written])  # padding rows wrote nothing
-        torch.testing.assert_close(graphed_cache[written], eager_cache[written], rtol=1e-2, atol=1e-2)
+        assert torch.equal(cache[~written], before[~written])  # padding rows wrote nothing
+        torch.testing.assert_close(cache[written], eager_cache[written], rtol=1e-2, atol=1e-2)
 
 
 def test_too_many_chunks_or_tokens_run_eagerly(runner):
@@ -209,15 +216,7 @@ def test_cascade_graph_step_equals_eager_step(runner, num_decodes, chunks):
         restore()
         graphed = runner.graph_runner.run(key, inputs.input_ids, inputs.positions, inputs.meta).clone()
     assert graphed.shape == eager.shape == eager_cascade.shape
-    # TF32 dots and different split points (graph grids sized for max_model_len, the prefix merged through
-    # its log-sum-exp): ~1e-3 relative per row; a wrong prefix or layout is off by O(1).
-    for result in (eager_cascade, graphed):
-        row_error = (result - eager).norm(dim=-1) / eager.norm(dim=-1)
-        assert row_error.max().item() < 2e-3, row_error
-    for graphed_cache, eager_cache, before in zip(runner.kv_caches, eager_caches, caches_before):
-        written = eager_cache != before
-        assert torch.equal(graphed_cache[~written], before[~written])  # padding rows wrote nothing
-        torch.testing.assert_close(graphed_cache[written], eager_cache[written], rtol=1e-2, atol=1e-2)
+    assert_matches_eager([eager_cascade, graphed], eager, runner.kv_caches, eager_caches, caches_before)
 
 
 def test_greedy_generation_cascade_equals_no_cascade(small_model_dir):
