@@ -53,6 +53,7 @@ def run_ours(args, prompts, out_lens) -> tuple[dict, object]:
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
     llm.generate([[5] * 16], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
     step_s0, gpu_s0, steps0 = engine.stats.step_seconds_total, engine.runner.gpu_span_seconds, engine.stats.num_steps
+    phases0 = list(engine.stats.phase_seconds_total)
     started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - started
@@ -76,6 +77,9 @@ def run_ours(args, prompts, out_lens) -> tuple[dict, object]:
         # device span per step (first kernel → sampled ids on the host) vs the whole step on the host clock
         result["gpu_span_seconds"] = gpu_s
         result["share_of_step_time_outside_gpu"] = max(0.0, 1 - gpu_s / step_s)
+    names = ("schedule", "model_runner", "output_processing", "gpu_span")
+    result["step_phase_seconds"] = {name: now - before for name, now, before
+                                    in zip(names, engine.stats.phase_seconds_total, phases0)}
     return result, llm
 
 

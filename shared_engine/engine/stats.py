@@ -17,6 +17,8 @@ class EngineStats:
     num_generation_tokens_total: int = 0
     num_steps: int = 0
     step_seconds_total: float = 0.0
+    # seconds since start: [scheduling, model runner, output processing, GPU span (CUDA; 0 on CPU)]
+    phase_seconds_total: list[float] = field(default_factory=lambda: [0.0] * 4)
     prefix_cache_queries_total: int = 0
     prefix_cache_hits_total: int = 0
     _window_prompt: int = 0
@@ -43,6 +45,8 @@ class EngineStats:
         self._window_steps += 1
         for i, value in enumerate((seconds, *phases)):
             self._window_phases[i] += value
+        for i, value in enumerate(phases):
+            self.phase_seconds_total[i] += value
         now = time.monotonic()
         if now - self._last_log >= LOG_INTERVAL_S:
             self._log(now, scheduler, block_manager)
