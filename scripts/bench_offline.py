@@ -47,7 +47,8 @@ def run_ours(args, prompts, out_lens) -> tuple[dict, object]:
               "max_model_len": args.max_model_len, "dtype": args.dtype, "load_format": args.load_format,
               "kv_cache_memory": args.kv_cache_memory, "gpu_memory_utilization": args.gpu_memory_utilization,
               "enforce_eager": args.enforce_eager or None, "device": args.device,
-              "enable_async_output_proc": args.enable_async_output_proc or None}
+              "enable_async_output_proc": args.enable_async_output_proc or None,
+              "async_scheduling": args.async_scheduling or None}
     llm = LLM(args.model, **{k: v for k, v in chosen.items() if v is not None})
     engine = llm.engine
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
@@ -161,6 +162,8 @@ def parse_args():
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--enable-async-output-proc", action="store_true",
                    help="process step n's outputs while the device runs step n+1")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="schedule and launch step n+1 before step n's tokens reach the host (engine/async_output.py)")
     p.add_argument("--hf-mode", choices=["generate", "generate_batch", "none"], default="generate")
     p.add_argument("--hf-batch-size", type=int, default=16)
     p.add_argument("--hf-num-requests", type=int, default=None, help="run transformers on the first K only")

@@ -3,7 +3,7 @@ steady decode steps with torch.profiler, then splits the window's wall time into
 and GPU idle time (the gaps between kernels, when the device waits for the host).
 
     python scripts/profile_decode_loop.py --out OUT.json [--model llama-3.1-8b] [--batch 1]
-        [--input-len 32] [--output-len 160] [--trace-steps 32] [--enable-async-output-proc]
+        [--input-len 32] [--output-len 160] [--trace-steps 32] [--enable-async-output-proc] [--async-scheduling]
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=160)
     p.add_argument("--trace-steps", type=int, default=32)
     p.add_argument("--enable-async-output-proc", action="store_true")
+    p.add_argument("--async-scheduling", action="store_true")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     from torch.profiler import ProfilerActivity, profile
@@ -64,7 +65,8 @@ def main() -> None:
     from shared_engine import LLM, SamplingParams
 
     llm = LLM(args.model, load_format="dummy", max_model_len=args.input_len + args.output_len + 16,
-              max_num_seqs=max(8, args.batch), enable_async_output_proc=args.enable_async_output_proc)
+              max_num_seqs=max(8, args.batch), enable_async_output_proc=args.enable_async_output_proc,
+              async_scheduling=args.async_scheduling)
     engine = llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate([[5] * 16], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up

@@ -16,7 +16,9 @@ class SchedulerConfig:
     `enable_async_output_proc` processes step n's outputs after step n+1 is launched (vLLM V0's async
     output processing; engine/async_output.py). Off by default: on one H200 it hid the host work of the RAG
     case's 200-user load (with cascade attention: steps 31 -> 22-25 ms; case_rag_chatbot/the_fix/config.yaml
-    turns it on), but it delays every output by one step and is not yet measured alone or offline.
+    turns it on), but it delays every output by one step; offline it changed nothing. `async_scheduling`
+    also schedules and launches step n+1 before step n's sampled tokens reach the host (vLLM V1's
+    `--async-scheduling`; implies async output processing; engine/async_output.py).
     """
 
     max_num_seqs: int = 256
@@ -24,6 +26,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     max_waiting_requests: int | None = None
     enable_async_output_proc: bool = False
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         check_range("max_num_seqs", self.max_num_seqs, 1, 65536)

@@ -104,7 +104,11 @@ class Scheduler:
         prefills; each group in arrival order. Lazy: a request preempted before its turn comes is still
         yielded (its status tells)."""
         prefills = []
+        max_model_len = self.max_model_len
         for request in sorted(self.running, key=_ARRIVAL_ORDER):
+            if request.output_token_ids and request.output_token_ids[-1] < 0 and (
+                    request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len):
+                continue  # its last token is in flight (async scheduling) and ends it by length: nothing to run
             remaining = request.num_remaining_tokens
             if remaining > 1:
                 prefills.append((request, remaining))
@@ -191,28 +195,58 @@ class Scheduler:
         out.preempted_request_ids.append(request.request_id)
 
     # ---- after the model ran -------------------------------------------------------------------------
+    # A step's results reach the scheduler in two halves, so that with async scheduling step n+1 can be
+    # scheduled while step n still runs: `apply_launched` (what a launched step will have done, known without
+    # its tokens) and `resolve` (its sampled tokens). Between the two, each sampling request's last output
+    # token is a placeholder, -(i + 1) for the step's i-th sampled row, which the model runner replaces on
+    # the device with that row's sampled id when the placeholder is the input of the next step.
     def update_from_output(
         self, out: SchedulerOutput, sampled: dict[str, int], now: float = 0.0
     ) -> list[Request]:
-        """Advance progress, append sampled tokens, and finish requests that stop.
+        """Advance progress, append sampled tokens, and finish requests that stop (both halves at once).
 
         `sampled` maps request ids (those with `needs_sample`) to their new token. Returns the requests
         that were updated (got a token or finished) in this step.
         """
+        self.apply_launched(out, now)
+        return self.resolve(out, sampled, now)
+
+    def apply_launched(self, out: SchedulerOutput, now: float = 0.0) -> None:
+        """Record a launched step's progress: the KV of its tokens is (being) computed, and every request it
+        samples gets a placeholder last token (its position is known, its value is not)."""
+        sample_row = 0
+        for item in out.scheduled:
+            request = item.request
+            if item.needs_sample:
+                sample_row += 1
+            if request.is_finished:
+                continue  # aborted (or stopped by a stop string) while the step ran
+            request.num_computed_tokens += len(item.token_ids)
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+            if item.needs_sample:
+                request.output_token_ids.append(-sample_row)
+
+    def resolve(self, out: SchedulerOutput, sampled: dict[str, int], now: float = 0.0) -> list[Request]:
+        """Put a collected step's sampled tokens in place of its placeholders, register the blocks its
+        tokens filled with the prefix cache, and finish requests that stop (EOS, a stop token id, max_tokens,
+        max_model_len). Must come after the step's `apply_launched` and before the next one's. Returns the
+        requests that got a token."""
         updated = []
         cache_computed_blocks = self.block_manager.cache_computed_blocks
         for item in out.scheduled:
             request = item.request
             if request.is_finished:
-                continue  # aborted while the step ran
-            request.num_computed_tokens += len(item.token_ids)
-            cache_computed_blocks(request)
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = now
+                continue
+            if request.status is RequestStatus.RUNNING:
+                cache_computed_blocks(request)
             token = sampled.get(request.request_id)
             if token is None:
                 continue
-            request.append_output_token(token)
+            outputs = request.output_token_ids
+            if not outputs or outputs[-1] >= 0:
+                raise RuntimeError(f"request {request.request_id}: no placeholder for its sampled token")
+            outputs[-1] = token
             if request.first_token_time is None:
                 request.first_token_time = now
             request.last_token_time = now

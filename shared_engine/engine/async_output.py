@@ -1,5 +1,7 @@
 """`AsyncOutputStepper`: async output processing (opt-in, `enable_async_output_proc`), vLLM V0's
-reordering of a step so that the host's output work for step n can overlap the device's step n+1.
+reordering of a step so that the host's output work for step n can overlap the device's step n+1, and
+async scheduling (opt-in, `async_scheduling`, vLLM V1's flag of that name), which also schedules and
+launches step n+1 before step n's tokens are known.
 
 Measured on the H200 at 200 RAG users (engine core process): a 31 ms step spent 0.5 ms scheduling,
 29 ms in the model runner (27.5 ms GPU span) and 1.7 ms processing outputs, with the GPU idle during
@@ -7,11 +9,11 @@ scheduling, input building and output processing. Each `LLMEngine.step()` call h
 flight (launched by the previous call):
 
     (a) collect step n: its sampled token ids on the host;
-    (b) `Scheduler.update_from_output(step n)`: tokens appended, and EOS, stop token ids, max_tokens
-        and max_model_len finish requests and free their blocks, exactly as without the flag;
+    (b) `Scheduler.resolve(step n)`: tokens in place, and EOS, stop token ids, max_tokens and
+        max_model_len finish requests and free their blocks, exactly as without the flag;
     (c) schedule step n+1 and launch it;
     (d) process step n's outputs (prompt logprobs, detokenisation, stop strings, `RequestOutput`s)
-        while step n+1 runs, and return them.
+        while step n+1 runs, and return them; then `Scheduler.apply_launched(step n+1)`.
 
 `step()` therefore returns outputs one step late. `has_unfinished_requests()` stays true while a step
 is in flight, so every loop that steps until it turns false (`LLM.generate`, the engine core process,
@@ -20,7 +22,7 @@ is in flight, so every loop that steps until it turns false (`LLM.generate`, the
 Stop strings are only found in (d), after step n+1 was scheduled with the request in it. The request
 is finished there at once, as an abort while a step runs: `finish_request` takes it out of its queue
 and frees its blocks, its finished output is built in the same (d), and the sampler forgets it. When
-step n+1 is collected, `update_from_output` skips finished requests, so that step's token for it is
+step n+1 is collected, `resolve` skips finished requests, so that step's token for it is
 dropped: never appended, reported or counted. Freeing the blocks before step n+1 completes is safe:
 nothing is scheduled into them before step n+1 is collected, and the slot step n+1 writes lies in a
 block that is not yet full, so it goes back to the free list, never to the prefix cache.
@@ -37,8 +39,29 @@ sampled ids to pinned host memory) and returns without waiting, so (d) runs whil
 `collect` waits for the copy. What still runs with the device idle: collecting, updating the scheduler,
 scheduling and building step n+1's inputs. Measured on one H200 at the RAG case's 200 users together with
 cascade attention (5de82f5, `case_rag_chatbot/the_fix/one_replica_h200.json`): the mean step went from 31 ms
-to 22-25 ms and the model runner's time equalled its GPU span. Off by default: not measured alone, nor on the
-offline benchmarks, and every output reaches the client one step later.
+to 22-25 ms and the model runner's time equalled its GPU span. Off by default: every output reaches the
+client one step later. Offline (llama-3.1-8b 1000 x 1000 on one H200, a97166f) it changed nothing: 117.3 s
+against 117.7 s, because what it leaves on the critical path (collect, update, schedule, build inputs) is
+most of the host's ~4 ms per step; batch-1 decode: 5.06 ms per token both ways.
+
+Async scheduling (`async_scheduling`) takes the rest off the critical path. Each call, with step n in flight:
+
+    (1) schedule step n+1 from what step n will have done (`Scheduler.apply_launched`): its requests'
+        progress is advanced and each sampling request's last output token is a placeholder;
+    (2) launch step n+1: a placeholder input is replaced on the device by step n's sampled id, so the
+        launch does not wait for step n;
+    (3) collect step n and `Scheduler.resolve` it: placeholders become tokens, blocks it filled join the
+        prefix cache, EOS / stop token ids / max_tokens / max_model_len finish requests;
+    (4) process step n's outputs as in (d) above, then `apply_launched(step n+1)`.
+
+The device has step n+1 queued before the host waits for step n, so it idles only when the host's whole
+round (3)-(4)-(1)-(2) takes longer than a step. What differs from the synchronous step besides the one-step
+delay: a request that EOS or a stop token id ends at step n was already scheduled into step n+1, whose row
+for it is wasted and whose token is dropped (as for stop strings above); blocks it frees reach the scheduler
+a step later; blocks step n filled reach the prefix cache a step later. A request whose placeholder is its
+last token by length (max_tokens, max_model_len) is not scheduled again. When step n+1 has a request with
+repetition / presence / frequency penalties (which read the output tokens), step n is collected before
+step n+1 is launched. Greedy and seeded outputs are the same as without the flag (tests/engine).
 """
 
 from __future__ import annotations
@@ -51,7 +74,7 @@ from shared_engine.core.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:
     from shared_engine.engine.llm_engine import LLMEngine
-    from shared_engine.model_executor.model_runner import LaunchedStep
+    from shared_engine.model_executor.model_runner import LaunchedStep, StepResult
     from shared_engine.outputs import RequestOutput
 
 
@@ -65,49 +88,79 @@ class _InFlightStep:
     launch_seconds: float  # host time of the runner's launch
 
 
-class AsyncOutputStepper:
-    """Runs `LLMEngine.step()` in the order (a) collect n, (b) update the scheduler, (c) launch n+1,
-    (d) process n's outputs. Holds at most one step in flight."""
+@dataclass
+class _Collected:
+    """A collected step: its tokens resolved in the scheduler, its outputs not yet processed."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    step: _InFlightStep
+    result: StepResult
+    updated: list  # requests that got a token
+    wait_seconds: float  # host time in the runner's collect (what the device had left)
+    resolve_seconds: float
+    gpu_seconds: float
+    now: float
+
+
+class AsyncOutputStepper:
+    """Runs `LLMEngine.step()` with at most one step in flight. `overlap_scheduling=False` (async output
+    processing): collect n, resolve n, schedule and launch n+1, process n. `overlap_scheduling=True` (async
+    scheduling): schedule and launch n+1, collect n, resolve n, process n."""
+
+    def __init__(self, engine: LLMEngine, overlap_scheduling: bool = False) -> None:
         self.engine = engine
+        self.overlap_scheduling = overlap_scheduling
         self.in_flight: _InFlightStep | None = None
 
     def step(self) -> list[RequestOutput]:
-        """Collect the step in flight, launch the next one, and return the collected step's outputs."""
-        engine = self.engine
+        """Launch the next step, collect the one in flight, and return the collected step's outputs."""
         previous, self.in_flight = self.in_flight, None
-        if previous is None:
-            self.in_flight = self._launch()
-            return []
-        collecting = time.perf_counter()
-        gpu_before = engine.runner.gpu_span_seconds
-        result = engine.runner.collect(previous.launched)  # (a)
-        collected = time.perf_counter()
-        gpu_seconds = engine.runner.gpu_span_seconds - gpu_before
-        now = time.time()
-        tokens = {rid: r.token_id for rid, r in result.sampled.items()}
-        updated = engine.scheduler.update_from_output(previous.out, tokens, now)  # (b)
-        updated_seconds = time.perf_counter() - collected
-        self.in_flight = self._launch()  # (c)
-        processing = time.perf_counter()
-        outputs = engine.process_outputs(result, updated, now)  # (d)
-        output_seconds = updated_seconds + time.perf_counter() - processing
-        # model runner: its launch plus the wait in collect (what the device had left when the host got there)
-        model_seconds = previous.launch_seconds + (collected - collecting)
-        engine.stats.on_step(
-            previous.out, len(updated), previous.schedule_seconds + model_seconds + output_seconds,
-            engine.scheduler, engine.block_manager,
-            phases=(previous.schedule_seconds, model_seconds, output_seconds, gpu_seconds))
+        collected = None
+        if previous is not None and not self.overlap_scheduling:
+            collected = self._collect(previous)
+        started = time.perf_counter()
+        out = self.engine.scheduler.schedule(time.time())
+        scheduled = time.perf_counter()
+        launched = None
+        if not out.is_empty:
+            if previous is not None and collected is None and self._needs_resolved_history(out):
+                collected = self._collect(previous)
+            launched = self.engine.runner.launch(out, None if previous is None else previous.launched)
+            launched = _InFlightStep(out, launched, scheduled - started, time.perf_counter() - scheduled)
+        if previous is not None and collected is None:
+            collected = self._collect(previous)
+        outputs = self._process(collected) if collected is not None else []
+        if launched is not None:
+            self.engine.scheduler.apply_launched(out, time.time())
+            self.in_flight = launched
         return outputs
 
-    def _launch(self) -> _InFlightStep | None:
-        """Schedule the next step and start it on the device; None when there is nothing to run."""
+    @staticmethod
+    def _needs_resolved_history(out: SchedulerOutput) -> bool:
+        """Whether the step's sampling reads output tokens (penalties), so the step in flight must be
+        resolved before it is launched."""
+        return any(item.request.sampling_params.needs_penalties for item in out.scheduled if item.needs_sample)
+
+    def _collect(self, step: _InFlightStep) -> _Collected:
         engine = self.engine
-        started = time.perf_counter()
-        out = engine.scheduler.schedule(time.time())
-        if out.is_empty:
-            return None
-        scheduled = time.perf_counter()
-        launched = engine.runner.launch(out)
-        return _InFlightStep(out, launched, scheduled - started, time.perf_counter() - scheduled)
+        collecting = time.perf_counter()
+        gpu_before = engine.runner.gpu_span_seconds
+        result = engine.runner.collect(step.launched)
+        collected = time.perf_counter()
+        now = time.time()
+        updated = engine.scheduler.resolve(step.out, {rid: r.token_id for rid, r in result.sampled.items()}, now)
+        return _Collected(step, result, updated, collected - collecting, time.perf_counter() - collected,
+                          engine.runner.gpu_span_seconds - gpu_before, now)
+
+    def _process(self, c: _Collected) -> list[RequestOutput]:
+        """Step n's outputs (prompt logprobs, detokenisation, stop strings) and its stats line entry."""
+        engine = self.engine
+        processing = time.perf_counter()
+        outputs = engine.process_outputs(c.result, c.updated, c.now)
+        output_seconds = c.resolve_seconds + time.perf_counter() - processing
+        # model runner: its launch plus the wait in collect (what the device had left when the host got there)
+        model_seconds = c.step.launch_seconds + c.wait_seconds
+        engine.stats.on_step(
+            c.step.out, len(c.updated), c.step.schedule_seconds + model_seconds + output_seconds,
+            engine.scheduler, engine.block_manager,
+            phases=(c.step.schedule_seconds, model_seconds, output_seconds, c.gpu_seconds))
+        return outputs

@@ -43,7 +43,9 @@ class LLMEngine:
         self.block_manager = self.scheduler.block_manager
         self.outputs = OutputBuilder(self.tokenizer)
         self.stats = EngineStats()
-        self.async_outputs = AsyncOutputStepper(self) if config.scheduler.enable_async_output_proc else None
+        s = config.scheduler
+        self.async_outputs = (AsyncOutputStepper(self, overlap_scheduling=s.async_scheduling)
+                              if s.enable_async_output_proc or s.async_scheduling else None)
         logger.info(capacity_line(num_blocks, config.cache.block_size, self.max_model_len))
         r = self.runner
         logger.info("Model %s loaded (%s, %s). Cold start: weight loading %.1f s, compilation (Triton JIT, "
@@ -111,7 +113,8 @@ class LLMEngine:
     # ---- one step ------------------------------------------------------------------------------------
     def step(self) -> list:
         """Schedule, run the model once, sample, and return the `RequestOutput`s that changed. With
-        `enable_async_output_proc` the outputs are the previous step's (see async_output.py)."""
+        `enable_async_output_proc` or `async_scheduling` the outputs are the previous step's (see
+        async_output.py)."""
         if self.async_outputs is not None:
             return self.async_outputs.step()
         started = time.perf_counter()

@@ -19,6 +19,19 @@ class StepInputs:
     meta: AttentionMetadata
     sample_indices: torch.Tensor  # [num_sampled] int64: last token of each sequence that samples
     sampled_rows: list[int]  # scheduler-output index of each sampled sequence
+    # async scheduling: token indices whose id is the previous step's sampled id (a placeholder, -(i + 1) for
+    # its i-th sampled row; 0 in `input_ids` until `patch_placeholders`), and those rows i; None when none
+    placeholders: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def patch_placeholders(self, previous_tokens: torch.Tensor | None) -> None:
+        """Fill the placeholder inputs from the previous step's sampled ids `[num_sampled]` int64 (on the
+        device: no wait for it). Raises RuntimeError when there are placeholders but no previous step."""
+        if self.placeholders is None:
+            return
+        if previous_tokens is None:
+            raise RuntimeError("the step's inputs include tokens of a previous step that is not in flight")
+        where, rows = self.placeholders
+        self.input_ids.index_copy_(0, where, previous_tokens.index_select(0, rows))
 
 
 def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, cascade: bool = False) -> StepInputs:
@@ -48,6 +61,9 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, ca
         rows = np.repeat(np.arange(num_seqs), query_lens)
         positions = np.arange(cu[-1], dtype=np.int64) - np.repeat(cu[:-1], query_lens) + np.repeat(starts, query_lens)
         input_ids = np.fromiter((t for s in scheduled for t in s.token_ids), dtype=np.int64, count=int(cu[-1]))
+    placeholders = np.flatnonzero(input_ids < 0)
+    previous_rows = -input_ids[placeholders] - 1
+    input_ids[placeholders] = 0
     slots = tables[rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
     sampled_rows = [row for row, s in enumerate(scheduled) if s.needs_sample]
     sample_indices = cu[1:][sampled_rows] - 1
@@ -72,4 +88,4 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, ca
         meta.prefix_blocks = dev(tables[0, :num_prefix_blocks].copy())
         meta.max_prefix_len = num_prefix_blocks * block_size
     return StepInputs(dev(input_ids), dev(positions), meta, dev(np.asarray(sample_indices, dtype=np.int64)),
-                      sampled_rows)
+                      sampled_rows, (dev(placeholders), dev(previous_rows)) if placeholders.size else None)

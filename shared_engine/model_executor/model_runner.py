@@ -41,6 +41,7 @@ class LaunchedStep:
     """A step enqueued on the device by `ModelRunner.launch`; `ModelRunner.collect` waits for it."""
 
     requests: list  # the sampled rows' requests, in row order
+    tokens: torch.Tensor | None  # [num_sampled] int64 on the device: the next step's placeholder inputs read it
     token_ids: torch.Tensor | None  # [num_sampled] int64 on the host (pinned on CUDA), filled asynchronously
     copied: torch.cuda.Event | None  # recorded after the device-to-host copy of the token ids (CUDA)
     raw_logprobs: torch.Tensor | None  # [num_sampled, vocab] fp32 on the device, when logprobs were asked
@@ -165,15 +166,18 @@ class ModelRunner:
         return self.collect(self.launch(out))
 
     @torch.inference_mode()
-    def launch(self, out: SchedulerOutput) -> LaunchedStep:
+    def launch(self, out: SchedulerOutput, previous: LaunchedStep | None = None) -> LaunchedStep:
         """Enqueue one step (inputs, forward as a CUDA graph replay where one fits, logits, sampling, and the
         copy of the sampled ids to pinned host memory) and return without waiting for the device, so that
         the host can work while it runs (async output processing). Steps must be collected in launch order.
         Sampling never waits (its per-row settings reach the device from pinned memory,
-        `sampling/device_tensor.py`); prompt logprobs, when a request asks for them, do."""
+        `sampling/device_tensor.py`); prompt logprobs, when a request asks for them, do. With async
+        scheduling `out` may be scheduled before `previous` (the step in flight) is collected: its
+        placeholder input tokens are that step's sampled ids, read on the device."""
         cuda = self.device.type == "cuda"
         span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade)
+        inputs.patch_placeholders(None if previous is None else previous.tokens)
         self.cascade_steps += inputs.meta.use_cascade
         if cuda:
             span[0].record()
@@ -187,7 +191,7 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         prompt_logprobs = self._prompt_logprobs(out, hidden, inputs)
         requests = [out.scheduled[row].request for row in inputs.sampled_rows]
-        token_ids = raw_logprobs = copied = None
+        tokens = token_ids = raw_logprobs = copied = None
         if requests:
             logits = self.model.compute_logits(hidden[inputs.sample_indices])  # [num_sampled, vocab]
             tokens, raw_logprobs = self.sampler.sample(logits, requests)
@@ -200,7 +204,7 @@ class ModelRunner:
                 token_ids = tokens
         if cuda:
             span[1].record()
-        return LaunchedStep(requests, token_ids, copied, raw_logprobs, prompt_logprobs, span)
+        return LaunchedStep(requests, tokens, token_ids, copied, raw_logprobs, prompt_logprobs, span)
 
     @torch.inference_mode()
     def collect(self, step: LaunchedStep) -> StepResult:

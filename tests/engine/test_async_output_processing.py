@@ -13,14 +13,22 @@ from shared_engine.config import EngineConfig
 from shared_engine.engine.llm_engine import LLMEngine
 from shared_engine.sampling_params import SamplingParams
 
-
-def _engine(model_dir, enable: bool, **settings) -> LLMEngine:
-    return LLMEngine(EngineConfig.from_flat(model=str(model_dir), device="cpu", enable_async_output_proc=enable,
-                                            **settings))
+MODES = ["output", "scheduling"]  # enable_async_output_proc, async_scheduling
+_FLAGS = {None: {}, "output": {"enable_async_output_proc": True}, "scheduling": {"async_scheduling": True}}
 
 
-def _tiny(tiny_model_dir, enable: bool, **settings) -> LLMEngine:
-    return _engine(tiny_model_dir, enable, load_format="dummy", **settings)
+@pytest.fixture(params=MODES)
+def mode(request) -> str:
+    return request.param
+
+
+def _engine(model_dir, mode: str | None, **settings) -> LLMEngine:
+    """`mode` None: the synchronous step; "output": async output processing; "scheduling": async scheduling."""
+    return LLMEngine(EngineConfig.from_flat(model=str(model_dir), device="cpu", **_FLAGS[mode], **settings))
+
+
+def _tiny(tiny_model_dir, mode: str | None, **settings) -> LLMEngine:
+    return _engine(tiny_model_dir, mode, load_format="dummy", **settings)
 
 
 def _drive(engine: LLMEngine, requests: list[tuple[str, list[int], SamplingParams]],
@@ -77,29 +85,30 @@ def _assert_no_token_after_finish(streamed: dict, final: dict) -> None:
                 assert f.token_ids[: len(c.token_ids)] == c.token_ids
 
 
-def _both(make, requests, **kwargs) -> tuple[tuple[dict, dict], tuple[dict, dict], list[LLMEngine]]:
-    engines = [make(False), make(True)]
+def _both(make, requests, mode: str, **kwargs) -> tuple[tuple[dict, dict], tuple[dict, dict], list[LLMEngine]]:
+    engines = [make(None), make(mode)]
     off, on = (_drive(e, requests, **kwargs) for e in engines)
     return off, on, engines
 
 
 # ---- token-level: the tiny dummy-weight model -------------------------------------------------------------
-def test_chunked_prefill_and_decodes_staggered(tiny_model_dir):
+def test_chunked_prefill_and_decodes_staggered(tiny_model_dir, mode):
     requests = [(f"r{i}", [(7 * i + j) % 120 + 3 for j in range(5 + 9 * i)],
                  SamplingParams(temperature=0.0, max_tokens=3 + 2 * i, ignore_eos=True,
                                 logprobs=2 if i % 2 else None, prompt_logprobs=1 if i == 1 else None))
                 for i in range(6)]
     (off, _), (on, streamed), engines = _both(
-        lambda flag: _tiny(tiny_model_dir, flag, max_num_batched_tokens=16, num_gpu_blocks_override=64), requests)
+        lambda flag: _tiny(tiny_model_dir, flag, max_num_batched_tokens=16, num_gpu_blocks_override=64), requests,
+        mode)
     _assert_same(on, off)
     _assert_no_token_after_finish(streamed, on)
     assert [e.stats.num_generation_tokens_total for e in engines] == [sum(3 + 2 * i for i in range(6))] * 2
     assert engines[0].stats.num_prompt_tokens_total == engines[1].stats.num_prompt_tokens_total
 
 
-def test_eos_stop_token_ids_max_tokens_and_min_tokens(tiny_model_dir):
+def test_eos_stop_token_ids_max_tokens_and_min_tokens(tiny_model_dir, mode):
     prompt = [5, 6, 7, 8, 9]
-    probe = _tiny(tiny_model_dir, False, num_gpu_blocks_override=64)
+    probe = _tiny(tiny_model_dir, None, num_gpu_blocks_override=64)
     ref, _ = _drive(probe, [("p", prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))])
     tokens = ref["p"].outputs[0].token_ids
     eos, stop_id = tokens[3], tokens[5]
@@ -114,7 +123,7 @@ def test_eos_stop_token_ids_max_tokens_and_min_tokens(tiny_model_dir):
                                                    stop_token_ids=[stop_id])),
                 ("min", prompt, SamplingParams(temperature=0.0, max_tokens=12, min_tokens=6)),
                 ("length", prompt[:3], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))]
-    (off, _), (on, streamed), _ = _both(make, requests)
+    (off, _), (on, streamed), _ = _both(make, requests, mode)
     _assert_same(on, off)
     _assert_no_token_after_finish(streamed, on)
     assert len(on["eos"].outputs[0].token_ids) == tokens.index(eos) + 1
@@ -122,30 +131,31 @@ def test_eos_stop_token_ids_max_tokens_and_min_tokens(tiny_model_dir):
     assert on["length"].outputs[0].finish_reason == "length"
 
 
-def test_parallel_sampling_with_seed(tiny_model_dir):
+def test_parallel_sampling_with_seed(tiny_model_dir, mode):
     requests = [("n2", [5, 6, 7, 8], SamplingParams(n=2, temperature=0.9, seed=11, max_tokens=7, ignore_eos=True,
                                                     logprobs=1)),
                 ("g", [9, 10, 11], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))]
-    (off, _), (on, _), _ = _both(lambda flag: _tiny(tiny_model_dir, flag, num_gpu_blocks_override=64), requests)
+    (off, _), (on, _), _ = _both(lambda flag: _tiny(tiny_model_dir, flag, num_gpu_blocks_override=64), requests,
+                                 mode)
     _assert_same(on, off)
     assert on["n2"].outputs[0].token_ids != on["n2"].outputs[1].token_ids
 
 
-def test_abort_between_steps_frees_blocks(tiny_model_dir):
+def test_abort_between_steps_frees_blocks(tiny_model_dir, mode):
     requests = [(f"r{i}", [3 + i, 4, 5, 6, 7, 8], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
                 for i in range(3)]
     (off, off_streamed), (on, on_streamed), _ = _both(
-        lambda flag: _tiny(tiny_model_dir, flag, num_gpu_blocks_override=64), requests, abort_after={4: "r1"})
+        lambda flag: _tiny(tiny_model_dir, flag, num_gpu_blocks_override=64), requests, mode, abort_after={4: "r1"})
     assert "r1" not in off and "r1" not in on  # aborted: never finished
     assert on_streamed["r1"] and off_streamed["r1"]
     _assert_same(on, off)
 
 
-def test_preemption_under_a_small_kv_pool(tiny_model_dir):
+def test_preemption_under_a_small_kv_pool(tiny_model_dir, mode):
     requests = [(f"r{i}", [(3 * i + j) % 100 + 3 for j in range(20)],
                  SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)) for i in range(4)]
     (off, _), (on, _), engines = _both(
-        lambda flag: _tiny(tiny_model_dir, flag, num_gpu_blocks_override=9, max_model_len=64), requests)
+        lambda flag: _tiny(tiny_model_dir, flag, num_gpu_blocks_override=9, max_model_len=64), requests, mode)
     assert all(e.scheduler.num_preemptions_total > 0 for e in engines)
     _assert_same(on, off)
 
@@ -154,10 +164,10 @@ def test_preemption_under_a_small_kv_pool(tiny_model_dir):
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Hello, my name is", "Water boils at"]
 
 
-@pytest.fixture(scope="module")
-def default_engines(default_model_dir):
+@pytest.fixture(scope="module", params=MODES)
+def default_engines(default_model_dir, request):
     return [_engine(default_model_dir, flag, max_model_len=256, num_gpu_blocks_override=64,
-                    max_num_batched_tokens=16) for flag in (False, True)]
+                    max_num_batched_tokens=16) for flag in (None, request.param)]
 
 
 def test_stop_strings_mid_batch(default_engines):

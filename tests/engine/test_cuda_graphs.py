@@ -252,30 +252,32 @@ def test_greedy_generation_cascade_equals_no_cascade(small_model_dir):
     assert results[False, True] == results[True, False]
 
 
-def test_async_output_processing_on_cuda_equals_sync(small_model_dir):
+def test_async_output_processing_and_async_scheduling_on_cuda_equal_sync(small_model_dir):
     """`enable_async_output_proc` on CUDA: the runner launches step n+1 (graph replay, sampling, the sampled
-    ids' copy to pinned memory) before step n's outputs are processed and collects it on the next call.
-    Greedy, seeded random with logprobs, and prompt logprobs under chunked prefill give what the synchronous
-    engine gives, with graphs; every step is timed on the device."""
+    ids' copy to pinned memory) before step n's outputs are processed and collects it on the next call;
+    `async_scheduling` also launches it before step n is collected, its decode inputs read on the device
+    from step n's sampled ids. Greedy, seeded random with logprobs, and prompt logprobs under chunked prefill
+    give what the synchronous engine gives, with graphs; every step is timed on the device."""
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 1024) for _ in range(rng.randrange(5, 150))] for _ in range(12)]
     params = [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
               SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=20, ignore_eos=True, logprobs=2),
               SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, prompt_logprobs=1)]
     results = {}
-    for enable in (False, True):
+    for mode in ("sync", "async_output", "async_scheduling"):
         llm = LLM(str(small_model_dir), load_format="dummy", dtype="float32", max_model_len=1024,
-                  max_num_seqs=16, max_num_batched_tokens=64, enable_async_output_proc=enable, device="cuda",
-                  num_gpu_blocks_override=1024)
+                  max_num_seqs=16, max_num_batched_tokens=64, enable_async_output_proc=mode == "async_output",
+                  async_scheduling=mode == "async_scheduling", device="cuda", num_gpu_blocks_override=1024)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], [params[i % 3] for i in range(12)],
                             use_tqdm=False)
-        results[enable] = [(o.outputs[0].token_ids,
-                            [sorted((t, round(lp.logprob, 3)) for t, lp in e.items())
-                             for e in o.outputs[0].logprobs or []],
-                            [sorted(e or {}) for e in o.prompt_logprobs or []]) for o in outs]
+        results[mode] = [(o.outputs[0].token_ids,
+                          [sorted((t, round(lp.logprob, 3)) for t, lp in e.items())
+                           for e in o.outputs[0].logprobs or []],
+                          [sorted(e or {}) for e in o.prompt_logprobs or []]) for o in outs]
         runner = llm.engine.runner
         assert runner.graph_steps > 0 and runner.gpu_span_seconds > 0
         del llm, runner
         gc.collect()
         torch.cuda.empty_cache()
-    assert results[True] == results[False]
+    assert results["async_output"] == results["sync"]
+    assert results["async_scheduling"] == results["sync"]

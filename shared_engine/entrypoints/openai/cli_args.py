@@ -37,8 +37,10 @@ _HELP = {
     "cuda_graph_max_prefill_tokens": "CUDA: steps with up to this many prefill tokens (and decodes) replay a "
     "CUDA graph; 0 graphs decode-only steps only",
     "enable_async_output_proc": "process step n's outputs (detokenisation, stop strings) after launching step n+1 "
-    "(vLLM V0's async output processing); unmeasured, and on CUDA no overlap until the model runner's launch "
-    "stops blocking (engine/async_output.py)",
+    "(vLLM V0's async output processing; outputs reach clients one step later; engine/async_output.py)",
+    "async_scheduling": "schedule and launch step n+1 before step n's sampled tokens reach the host, so the "
+    "device never waits for scheduling or input building (vLLM V1's flag; implies async output processing; "
+    "engine/async_output.py)",
     "disable_cascade_attn": "CUDA: no cascade attention (decodes sharing a prefix-cached prompt prefix of >= 256 "
     "tokens read it once per batch, not once per sequence)",
 }
