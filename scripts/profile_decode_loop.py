@@ -57,7 +57,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=160)
     p.add_argument("--trace-steps", type=int, default=32)
     p.add_argument("--enable-async-output-proc", action="store_true")
-    p.add_argument("--async-scheduling", action="store_true")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     from torch.profiler import ProfilerActivity, profile

@@ -53,6 +53,14 @@ class EngineConfig:
             flat.update(dataclasses.asdict(getattr(self, section)))
         return flat
 
+    def with_resolved_defaults(self) -> EngineConfig:
+        """Device-dependent defaults made concrete: `async_scheduling` None becomes True on CUDA (where the
+        device would otherwise wait for the host between steps) and False on the CPU (nothing to overlap)."""
+        if self.scheduler.async_scheduling is not None:
+            return self
+        on = self.device.resolve() == "cuda"
+        return dataclasses.replace(self, scheduler=dataclasses.replace(self.scheduler, async_scheduling=on))
+
     def with_model_len(self, max_model_len: int) -> EngineConfig:
         """A copy with `max_model_len` resolved (from the model's config when the user gave none)."""
         return dataclasses.replace(self, model=dataclasses.replace(self.model, max_model_len=max_model_len))

@@ -18,7 +18,9 @@ class SchedulerConfig:
     case's 200-user load (with cascade attention: steps 31 -> 22-25 ms; case_rag_chatbot/the_fix/config.yaml
     turns it on), but it delays every output by one step; offline it changed nothing. `async_scheduling`
     also schedules and launches step n+1 before step n's sampled tokens reach the host (vLLM V1's
-    `--async-scheduling`; implies async output processing; engine/async_output.py).
+    `--async-scheduling`; implies async output processing; engine/async_output.py). On by default on CUDA,
+    as in vLLM: llama-3.1-8b on one H200 (7d544a4) went from 117.3 s to 108.4 s on 1,000 x 1,000 and from
+    5.06 to 4.79 ms per token at batch 1. Off on the CPU, where a step's launch already waits for it.
     """
 
     max_num_seqs: int = 256
@@ -26,7 +28,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     max_waiting_requests: int | None = None
     enable_async_output_proc: bool = False
-    async_scheduling: bool = False
+    async_scheduling: bool | None = None  # None: on for CUDA, off for the CPU (EngineConfig.with_resolved_defaults)
 
     def __post_init__(self) -> None:
         check_range("max_num_seqs", self.max_num_seqs, 1, 65536)

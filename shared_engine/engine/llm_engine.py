@@ -28,7 +28,7 @@ class LLMEngine:
         m = config.model
         self.source = resolve_model(m.model, m.load_format, m.tokenizer)
         arch = self.source.arch
-        config = config.with_model_len(m.max_model_len or arch.max_position_embeddings)
+        config = config.with_model_len(m.max_model_len or arch.max_position_embeddings).with_resolved_defaults()
         self._check_config(config)
         self.config = config
         self.max_model_len = config.model.max_model_len

@@ -185,3 +185,14 @@ def test_resolve_without_a_placeholder_is_an_error(tiny_model_dir):
     assert out.scheduled[0].request.output_token_ids == [-1]
     assert [r.request_id for r in engine.scheduler.resolve(out, {"a": 9}, 0.0)] == ["a"]
     assert out.scheduled[0].request.output_token_ids == [9]
+
+
+def test_on_by_default_for_cuda_only(tiny_model_dir):
+    def resolved(**settings):
+        return EngineConfig.from_flat(**settings).with_resolved_defaults().scheduler.async_scheduling
+
+    assert resolved(device="cuda") is True and resolved(device="cpu") is False
+    assert resolved(device="cuda", async_scheduling=False) is False
+    assert resolved(device="cpu", async_scheduling=True) is True
+    engine = LLMEngine(EngineConfig.from_flat(model=str(tiny_model_dir), device="cpu", load_format="dummy"))
+    assert engine.config.scheduler.async_scheduling is False and engine.async_outputs is None

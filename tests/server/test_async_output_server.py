@@ -1,4 +1,5 @@
-"""Serving with async output processing (`enable_async_output_proc`) on the default model, through
+"""Serving with async output processing (`enable_async_output_proc`) and async scheduling
+(`async_scheduling`) on the default model, through
 `create_app`, with the engine in a thread of this process and in its own engine core process: a streamed
 completion that a stop string ends matches the non-streamed one cut at the stop, and no token after the
 stop is streamed or counted."""
@@ -35,10 +36,11 @@ async def _stream(client, body) -> tuple[str, list[str | None], int]:
     return text, reasons, usage
 
 
+@pytest.mark.parametrize("flag", ["enable_async_output_proc", "async_scheduling"])
 @pytest.mark.parametrize("where", ["thread", "process"])
-def test_stream_with_stop_string(default_model_dir, where):
+def test_stream_with_stop_string(default_model_dir, where, flag):
     config = EngineConfig.from_flat(model=str(default_model_dir), device="cpu", max_model_len=256,
-                                    num_gpu_blocks_override=64, enable_async_output_proc=True)
+                                    num_gpu_blocks_override=64, **{flag: True})
     app = create_app(LLMEngine(config) if where == "thread" else EngineCoreClient(config))
 
     async def scenario(client):

@@ -39,8 +39,8 @@ _HELP = {
     "enable_async_output_proc": "process step n's outputs (detokenisation, stop strings) after launching step n+1 "
     "(vLLM V0's async output processing; outputs reach clients one step later; engine/async_output.py)",
     "async_scheduling": "schedule and launch step n+1 before step n's sampled tokens reach the host, so the "
-    "device never waits for scheduling or input building (vLLM V1's flag; implies async output processing; "
-    "engine/async_output.py)",
+    "device does not wait for scheduling or input building (vLLM's flag; implies async output processing; "
+    "default: on for CUDA, off on the CPU; engine/async_output.py)",
     "disable_cascade_attn": "CUDA: no cascade attention (decodes sharing a prefix-cached prompt prefix of >= 256 "
     "tokens read it once per batch, not once per sequence)",
 }
