@@ -44,5 +44,5 @@ timeout 100 $PY scripts/bench_offline.py --model qwen3-0.6b --load-format dummy 
   | grep -E "ours|roofline|wrote|Error"
 
 step "kernel tests (GPU)"
-timeout 60 $PY -m pytest tests/kernels -q -x -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/kernel_tests.txt"
+timeout 150 $PY -m pytest tests/kernels -q -x -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/kernel_tests.txt"
 step done
