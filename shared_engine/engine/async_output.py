@@ -106,31 +106,32 @@ class AsyncOutputStepper:
     processing): collect n, resolve n, schedule and launch n+1, process n. `overlap_scheduling=True` (async
     scheduling): schedule and launch n+1, collect n, resolve n, process n."""
 
-    def __init__(self, engine: LLMEngine, overlap_scheduling: bool = False) -> None:
-        self.engine = engine
+    def __init__(self, overlap_scheduling: bool = False) -> None:
+        # no reference to the engine (it is passed to `step`): an engine <-> stepper cycle would keep a
+        # deleted engine's model and KV cache on the device until the garbage collector runs
         self.overlap_scheduling = overlap_scheduling
         self.in_flight: _InFlightStep | None = None
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, engine: LLMEngine) -> list[RequestOutput]:
         """Launch the next step, collect the one in flight, and return the collected step's outputs."""
         previous, self.in_flight = self.in_flight, None
         collected = None
         if previous is not None and not self.overlap_scheduling:
-            collected = self._collect(previous)
+            collected = self._collect(engine, previous)
         started = time.perf_counter()
-        out = self.engine.scheduler.schedule(time.time())
+        out = engine.scheduler.schedule(time.time())
         scheduled = time.perf_counter()
         launched = None
         if not out.is_empty:
             if previous is not None and collected is None and self._needs_resolved_history(out):
-                collected = self._collect(previous)
-            launched = self.engine.runner.launch(out, None if previous is None else previous.launched)
+                collected = self._collect(engine, previous)
+            launched = engine.runner.launch(out, None if previous is None else previous.launched)
             launched = _InFlightStep(out, launched, scheduled - started, time.perf_counter() - scheduled)
         if previous is not None and collected is None:
-            collected = self._collect(previous)
-        outputs = self._process(collected) if collected is not None else []
+            collected = self._collect(engine, previous)
+        outputs = self._process(engine, collected) if collected is not None else []
         if launched is not None:
-            self.engine.scheduler.apply_launched(out, time.time())
+            engine.scheduler.apply_launched(out, time.time())
             self.in_flight = launched
         return outputs
 
@@ -140,8 +141,8 @@ class AsyncOutputStepper:
         resolved before it is launched."""
         return any(item.request.sampling_params.needs_penalties for item in out.scheduled if item.needs_sample)
 
-    def _collect(self, step: _InFlightStep) -> _Collected:
-        engine = self.engine
+    @staticmethod
+    def _collect(engine: LLMEngine, step: _InFlightStep) -> _Collected:
         collecting = time.perf_counter()
         gpu_before = engine.runner.gpu_span_seconds
         result = engine.runner.collect(step.launched)
@@ -151,9 +152,9 @@ class AsyncOutputStepper:
         return _Collected(step, result, updated, collected - collecting, time.perf_counter() - collected,
                           engine.runner.gpu_span_seconds - gpu_before, now)
 
-    def _process(self, c: _Collected) -> list[RequestOutput]:
+    @staticmethod
+    def _process(engine: LLMEngine, c: _Collected) -> list[RequestOutput]:
         """Step n's outputs (prompt logprobs, detokenisation, stop strings) and its stats line entry."""
-        engine = self.engine
         processing = time.perf_counter()
         outputs = engine.process_outputs(c.result, c.updated, c.now)
         output_seconds = c.resolve_seconds + time.perf_counter() - processing

@@ -44,7 +44,7 @@ class LLMEngine:
         self.outputs = OutputBuilder(self.tokenizer)
         self.stats = EngineStats()
         s = config.scheduler
-        self.async_outputs = (AsyncOutputStepper(self, overlap_scheduling=s.async_scheduling)
+        self.async_outputs = (AsyncOutputStepper(overlap_scheduling=s.async_scheduling)
                               if s.enable_async_output_proc or s.async_scheduling else None)
         logger.info(capacity_line(num_blocks, config.cache.block_size, self.max_model_len))
         r = self.runner
@@ -116,7 +116,7 @@ class LLMEngine:
         `enable_async_output_proc` or `async_scheduling` the outputs are the previous step's (see
         async_output.py)."""
         if self.async_outputs is not None:
-            return self.async_outputs.step()
+            return self.async_outputs.step(self)
         started = time.perf_counter()
         out = self.scheduler.schedule(time.time())
         if out.is_empty:

@@ -7,6 +7,9 @@ after an EOS, and penalties, which wait for the step in flight."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -196,3 +199,20 @@ def test_on_by_default_for_cuda_only(tiny_model_dir):
     assert resolved(device="cpu", async_scheduling=True) is True
     engine = LLMEngine(EngineConfig.from_flat(model=str(tiny_model_dir), device="cpu", load_format="dummy"))
     assert engine.config.scheduler.async_scheduling is False and engine.async_outputs is None
+
+
+@pytest.mark.parametrize("flag", ["enable_async_output_proc", "async_scheduling"])
+def test_a_deleted_engine_is_freed_without_the_garbage_collector(tiny_model_dir, flag):
+    """No reference cycle through the stepper: on CUDA a second engine in the same process found no memory for
+    its KV cache while the first one's model and cache waited for the garbage collector (H200, 4b1f168)."""
+    engine = LLMEngine(EngineConfig.from_flat(model=str(tiny_model_dir), device="cpu", load_format="dummy",
+                                              num_gpu_blocks_override=64, **{flag: True}))
+    assert _run(engine, [("a", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))])
+    gc.collect()
+    gc.disable()
+    try:
+        engine_ref, runner_ref = weakref.ref(engine), weakref.ref(engine.runner)
+        del engine
+        assert engine_ref() is None and runner_ref() is None
+    finally:
+        gc.enable()
