@@ -8,7 +8,9 @@ For a step whose scheduled requests each compute `n` new tokens at positions `[s
     FLOPs  = 2 * body parameters * sum(n)              (every matmul in the layers, per token)
            + 2 * vocab * hidden * num_sampled          (LM head, only for tokens that sample)
            + 4 * layers * heads * head_dim * sum(n*s + n(n+1)/2)   (QK^T and PV, causal in the chunk)
-    time   = step_overhead + per_seq_overhead * num_seqs + body, where body is, by the profile's rule:
+    time   = step_overhead + per_seq_overhead * num_seqs + body (the synchronous step), or
+             max(step_overhead + per_seq_overhead * num_seqs, body) with async scheduling, where body is,
+             by the profile's rule:
       phases (GPUs): max(weight bytes / bandwidth, matmul FLOPs / matmul rate)
                      + max(KV bytes / bandwidth, attention FLOPs / attention rate)
       max:           max(bytes / bandwidth, matmul FLOPs / matmul rate + attention FLOPs / attention rate)
@@ -20,6 +22,14 @@ A single roofline over the whole step (`max`) lets a mixed step's compute-bound 
 decode attention: on the H200 it predicted the case_rag_chatbot step (60 decodes at ~5.7k context + a
 452-token chunk, llama-3.1-8b) at ~18 ms, where the step alone measured 24 ms
 (benchmarks/results/profile_rag_step_h200.json).
+
+The overheads are the host's share of a step (scheduling, input building, launches, output processing),
+fitted from synchronous steps (`calibration.py`). With async scheduling (the engine's default on CUDA) the
+host prepares step n+1 while the device runs step n, so a step takes between the longer of the two
+(`overlap_host`) and their sum (the default, conservative). Against the H200 runs with async scheduling
+(benchmarks/results/sim_fidelity_h200.json) the sum under-predicts llama-3.1-8b 1,000 x 1,000 throughput by
+10% and qwen3-0.6b's by 27%; the longer of the two over-predicts them by 5.5% and 14.7% (part of the fitted
+overhead is device time, which does not overlap).
 
 The attention rate is the matmul peak times its own achieved fraction (on a GPU the same as the matmuls'
 unless a profile says otherwise; on the CPU the masked SDPA path runs far below the matmul rate).
@@ -84,8 +94,10 @@ def item_totals(items) -> tuple[int, int, int, int, int]:
 class StepTimeModel:
     """Step seconds for one model on one device. `seconds(scheduled)` is the simulator's hot path."""
 
-    def __init__(self, arch: ModelArch, dtype: str, hardware: HardwareProfile) -> None:
+    def __init__(self, arch: ModelArch, dtype: str, hardware: HardwareProfile, overlap_host: bool = False) -> None:
+        """`overlap_host`: the engine runs with async scheduling (the host's overheads overlap the device)."""
         self.shape = StepShape.from_arch(arch, dtype)
+        self.overlap_host = overlap_host
         self.hardware = hardware
         self._inv_bw = 1.0 / hardware.achieved_bandwidth
         self._inv_flops = 1.0 / hardware.achieved_matmul_flops
@@ -102,7 +114,8 @@ class StepTimeModel:
             mem, compute = moved * self._inv_bw, matmul * self._inv_flops + attn * self._inv_attn
             body = max(mem, compute) if self._combine == "max" else mem + compute
         hw = self.hardware
-        return hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs + body
+        host = hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs
+        return max(host, body) if self.overlap_host else host + body
 
     def seconds(self, scheduled) -> float:
         """Seconds for a step given `SchedulerOutput.scheduled` (a list of `ScheduledRequest`)."""
