@@ -104,11 +104,10 @@ class Scheduler:
         prefills; each group in arrival order. Lazy: a request preempted before its turn comes is still
         yielded (its status tells)."""
         prefills = []
-        max_model_len = self.max_model_len
+        ends_in_flight = self._ends_in_flight
         for request in sorted(self.running, key=_ARRIVAL_ORDER):
-            if request.output_token_ids and request.output_token_ids[-1] < 0 and (
-                    request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len):
-                continue  # its last token is in flight (async scheduling) and ends it by length: nothing to run
+            if ends_in_flight(request):
+                continue  # nothing left to run
             remaining = request.num_remaining_tokens
             if remaining > 1:
                 prefills.append((request, remaining))
@@ -116,9 +115,20 @@ class Scheduler:
                 yield request, remaining
         yield from prefills
 
+    def _ends_in_flight(self, request: Request) -> bool:
+        """Async scheduling: the request's last token is in flight and ends it by length."""
+        outputs = request.output_token_ids
+        return bool(outputs) and outputs[-1] < 0 and (
+            len(outputs) >= request.max_tokens or request.num_tokens >= self.max_model_len)
+
     def _reserve(self, request: Request, num_new: int, scheduled_ids: set[str], out: SchedulerOutput) -> bool:
         """Allocate the blocks `num_new` more tokens of a running request need, preempting newer requests
-        while the pool is short. False when the request itself was preempted."""
+        while the pool is short. False when the request itself was preempted, or, with async scheduling,
+        when requests that end with the step in flight hold blocks: those return when it is resolved, so
+        the request waits a step instead of costing someone a recompute."""
+        if not self.block_manager.can_allocate(request, num_new) and any(
+                self._ends_in_flight(r) for r in self.running):
+            return False
         while not self.block_manager.can_allocate(request, num_new):
             victim = max(
                 (r for r in self.running if r.request_id not in scheduled_ids),

@@ -23,9 +23,14 @@ Stop strings are only found in (d), after step n+1 was scheduled with the reques
 is finished there at once, as an abort while a step runs: `finish_request` takes it out of its queue
 and frees its blocks, its finished output is built in the same (d), and the sampler forgets it. When
 step n+1 is collected, `resolve` skips finished requests, so that step's token for it is
-dropped: never appended, reported or counted. Freeing the blocks before step n+1 completes is safe:
-nothing is scheduled into them before step n+1 is collected, and the slot step n+1 writes lies in a
-block that is not yet full, so it goes back to the free list, never to the prefix cache.
+dropped: never appended, reported or counted. Freeing the blocks before step n+1 completes is safe
+because every step runs on one CUDA stream, in launch order: the slot step n+1 writes for the request lies
+in a block that is not yet full (never registered in the prefix cache, which registers only blocks whose
+tokens a collected step computed), and a later step that reuses the block runs after step n+1's write.
+With async output processing nothing is even scheduled into it before step n+1 is collected; with async
+scheduling blocks freed by `resolve(n)`, a stop string, an abort or a preemption can go to another request
+in the next `schedule`, whose step is enqueued behind step n+1. A second stream (e.g. for copies) would
+break this and must synchronise with the compute stream.
 
 What differs from running without the flag:
 - blocks a stop string frees reach the scheduler one step later (step n+2, not n+1), so batches and

@@ -46,7 +46,8 @@ class LaunchedStep:
     copied: torch.cuda.Event | None  # recorded after the device-to-host copy of the token ids (CUDA)
     raw_logprobs: torch.Tensor | None  # [num_sampled, vocab] fp32 on the device, when logprobs were asked
     prompt_logprobs: dict[str, tuple[int, list[float | None]]]
-    # (start, end, the previous step's end or None) timing events of the step's device work (CUDA)
+    # (start, end) timing events of the step's device work (CUDA). Events mark the stream, not the host: a
+    # step launched while the previous one runs starts timing when the device reaches it.
     span: tuple | None
 
 
@@ -70,7 +71,6 @@ class ModelRunner:
         self.graph_runner: CudaGraphRunner | None = None
         self.compile_seconds = 0.0  # first forward pass (Triton JIT) during profiling
         self.gpu_span_seconds = 0.0  # CUDA: device time from the first kernel of a step to its sampled ids
-        self._last_end: torch.cuda.Event | None = None  # the last launched step's end event (CUDA)
         self.capture_seconds = 0.0
         self.num_cuda_graphs = 0
         self.graph_steps = 0  # steps replayed from a CUDA graph (the rest ran eagerly)
@@ -177,8 +177,7 @@ class ModelRunner:
         scheduling `out` may be scheduled before `previous` (the step in flight) is collected: its
         placeholder input tokens are that step's sampled ids, read on the device."""
         cuda = self.device.type == "cuda"
-        span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
-                self._last_end) if cuda else None
+        span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade)
         inputs.patch_placeholders(None if previous is None else previous.tokens)
         self.cascade_steps += inputs.meta.use_cascade
@@ -207,7 +206,6 @@ class ModelRunner:
                 token_ids = tokens
         if cuda:
             span[1].record()
-            self._last_end = span[1]
         return LaunchedStep(requests, tokens, token_ids, copied, raw_logprobs, prompt_logprobs, span)
 
     @torch.inference_mode()
@@ -220,12 +218,9 @@ class ModelRunner:
             results = self.sampler.results(step.token_ids.tolist(), step.raw_logprobs, step.requests)
             sampled = {request.request_id: result for request, result in zip(step.requests, results)}
         if step.span is not None:
-            start, end, previous_end = step.span
+            start, end = step.span
             end.synchronize()
-            ms = start.elapsed_time(end)
-            if previous_end is not None:  # launched while the previous step ran (async scheduling): its own part
-                ms = min(ms, previous_end.elapsed_time(end))
-            self.gpu_span_seconds += ms / 1e3
+            self.gpu_span_seconds += start.elapsed_time(end) / 1e3
         return StepResult(sampled, step.prompt_logprobs)
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, inputs) -> dict[str, list]:

@@ -216,3 +216,18 @@ def test_a_deleted_engine_is_freed_without_the_garbage_collector(tiny_model_dir,
         assert engine_ref() is None and runner_ref() is None
     finally:
         gc.enable()
+
+
+def test_no_preemption_for_blocks_a_finishing_request_returns(tiny_model_dir):
+    """A pool of 3 blocks: B's last token is in flight when A's decode needs a second block. B's blocks return
+    when that step is resolved, so A waits a step instead of being preempted (review finding on 7d544a4)."""
+    requests = [("B", [5] * 30, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)),
+                ("A", [7] * 14, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))]
+    results = []
+    for flag in (False, True):
+        engine = LLMEngine(EngineConfig.from_flat(model=str(tiny_model_dir), device="cpu", load_format="dummy",
+                                                  async_scheduling=flag, num_gpu_blocks_override=3,
+                                                  max_model_len=48))
+        results.append((_run(engine, requests), engine.scheduler.num_preemptions_total))
+    assert results[1] == results[0]
+    assert results[1][1] == 0
