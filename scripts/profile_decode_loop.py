@@ -20,14 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.env_info import environment  # noqa: E402
-
-
-def kernel_name(name: str) -> str:
-    """One key per kind of kernel: every cuBLAS/CUTLASS matmul is "gemm"."""
-    lowered = name.lower()
-    if any(s in lowered for s in ("gemm", "gemv", "sm90", "cutlass", "nvjet")):
-        return "gemm"
-    return name.split("(")[0][:60]
+from benchmarks.kernel_names import kernel_key  # noqa: E402
 
 
 def summarise(prof, steps: int) -> dict:
@@ -40,7 +33,7 @@ def summarise(prof, steps: int) -> dict:
     busy = 0.0
     covered_to = kernels[0][0]
     for start, end, name in kernels:
-        totals[kernel_name(name)] += (end - start) / 1e3
+        totals[kernel_key(name)] += (end - start) / 1e3
         busy += max(0.0, end - max(start, covered_to)) / 1e3  # union of kernel intervals (ms)
         covered_to = max(covered_to, end)
     window = (covered_to - kernels[0][0]) / 1e3

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.env_info import environment  # noqa: E402
+from benchmarks.kernel_names import kernel_key  # noqa: E402
 from shared_engine.config import EngineConfig  # noqa: E402
 from shared_engine.core.request import Request  # noqa: E402
 from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput  # noqa: E402
@@ -76,9 +77,7 @@ def kernel_breakdown(fn) -> dict[str, float]:
     for event in prof.events():
         if event.device_type.name == "CUDA":
             name = event.name
-            key = ("gemm" if any(s in name.lower() for s in ("gemm", "gemv", "sm90", "cutlass", "nvjet")) else
-                   name.split("(")[0][:60])
-            totals[key] += event.device_time / 1e3  # ms
+            totals[kernel_key(name)] += event.device_time / 1e3  # ms
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
