@@ -1,7 +1,7 @@
 """`AsyncOutputStepper`: async output processing (opt-in, `enable_async_output_proc`), vLLM V0's
 reordering of a step so that the host's output work for step n can overlap the device's step n+1, and
-async scheduling (opt-in, `async_scheduling`, vLLM V1's flag of that name), which also schedules and
-launches step n+1 before step n's tokens are known.
+async scheduling (`async_scheduling`, vLLM's flag of that name; on by default on CUDA), which also
+schedules and launches step n+1 before step n's tokens are known.
 
 Measured on the H200 at 200 RAG users (engine core process): a 31 ms step spent 0.5 ms scheduling,
 29 ms in the model runner (27.5 ms GPU span) and 1.7 ms processing outputs, with the GPU idle during
