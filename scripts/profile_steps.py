@@ -3,8 +3,10 @@
 Drives the real `LLMEngine` (scheduler + model runner + sampler + output builder, exactly what a served step
 costs) through fixed scenarios: single prefills of growing length, decode batches of growing size at short
 and long contexts, and decodes mixed with a prefill chunk. Every step's composition (each scheduled
-request's start position, new-token count and whether it samples) is stored with its wall time, plus the
-device's measured copy bandwidth and matmul rate, so any step-time model can be refit from the file.
+request's start position, new-token count and whether it samples) is stored with its wall time and (CUDA)
+its device span, plus the device's measured copy bandwidth and matmul rate, so any step-time model can be
+refit from the file. Steps run synchronously (async scheduling off), so each timed `engine.step()` is one
+whole step, host and device.
 
     # this CPU, the default model (a few minutes; committed as the CPU calibration)
     python scripts/profile_steps.py --out shared_engine/sim/profiles/cpu-2core_smollm2-135m.json
@@ -88,13 +90,16 @@ class StepRecorder:
                 for ids, out_len in pending:
                     self._add(ids, out_len, SamplingParams)
             started = time.perf_counter()
+            gpu_before = self.engine.runner.gpu_span_seconds
             self.engine.step()
             self.sync()
             seconds = time.perf_counter() - started
             out = self._last
             if out is not None and not out.is_empty:
                 items = [[s.start_position, s.num_new_tokens, int(s.needs_sample)] for s in out.scheduled]
+                # gpu_seconds: the step's device span (CUDA; 0 on the CPU), the rest of `seconds` is the host's
                 self.steps.append({"scenario": scenario, "seconds": seconds, "items": items,
+                                   "gpu_seconds": self.engine.runner.gpu_span_seconds - gpu_before,
                                    "num_preempted": len(out.preempted_request_ids)})
             step += 1
 
@@ -154,7 +159,7 @@ def main() -> None:
 
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False, async_scheduling=False)  # one step per engine.step(), timed whole
     engine = llm.engine
     device = engine.runner.device.type
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
