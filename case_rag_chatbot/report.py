@@ -104,11 +104,18 @@ def _cell(row, result: dict | None) -> str:
         return "n/a"
 
 
-def provenance(result: dict, label: str) -> str:
+def device_text(result: dict) -> str:
+    """The hardware a results file ran on, e.g. "2 x NVIDIA H200, one engine replica per GPU"."""
     hw = result["hardware"]
     device = hw.get("gpu") or f"{hw.get('cpu')} ({hw.get('cpu_cores')} cores)"
     if result.get("replicas", 1) > 1:
         device = f"{result['replicas']} x {device}, one engine replica per GPU"
+    return device
+
+
+def provenance(result: dict, label: str) -> str:
+    hw = result["hardware"]
+    device = device_text(result)
     model = result["model"].get("root") or result["model"].get("id")
     load = hw.get("load_average_1_5_15")
     load_text = f", load average {load[0]:.1f}" if load else ""
@@ -151,7 +158,8 @@ def profile_section(profile: str) -> str:
             lines += ["", f"![{name} {profile}](plots/{name}_{profile}.png)"]
     sweep = load("the_fix", profile, "sweep")
     if sweep:
-        lines += ["", f"User sweep of the fix (`{sweep['command']}`, commit `{sweep['commit']}`):", "",
+        lines += ["", f"User sweep of the fix on {device_text(sweep)} (`{sweep['command']}`, commit "
+                  f"`{sweep['commit']}`):", "",
                   "| users | req/s | p95 TTFT | p95 ITL | system-prompt hits | targets met |",
                   "|---|---|---|---|---|---|"]
         for run in sweep["runs"]:
