@@ -39,7 +39,7 @@ QWEN_PROFILE = "shared_engine/sim/step_profiles/h200_qwen3-0.6b.json"
 # Each run is simulated under its own engine config, async scheduling included (absent from runs older than
 # the flag: those ran the synchronous step).
 RUNS = {
-    "llama-3.1-8b_1000x1000": ("benchmarks/results/offline_llama8b_1000x1000_run6.json", LLAMA_PROFILE),
+    "llama-3.1-8b_1000x1000": ("benchmarks/results/offline_llama8b_1000x1000_run7.json", LLAMA_PROFILE),
     "qwen3-0.6b_nanovllm": ("benchmarks/results/offline_qwen3_0.6b_nanovllm_run4.json", QWEN_PROFILE),
     "llama-3.1-8b_1000x1000_synchronous": ("benchmarks/results/offline_llama8b_1000x1000_run5.json", LLAMA_PROFILE),
     "qwen3-0.6b_nanovllm_synchronous": ("benchmarks/results/offline_qwen3_0.6b_nanovllm_run3.json", QWEN_PROFILE),
@@ -51,6 +51,8 @@ SERVING_RUNS = {
     "rag_the_fix_1replica_synchronous": ("benchmarks/results/rag_case_h200_the_fix_5de82f5_async_cascade.json",
                                          LLAMA_PROFILE),
 }
+# The fix's user sweep on two H200s (one replica per GPU, users routed at random): one serving check per load.
+SWEEP_RUNS = {"rag_the_fix_2replicas": ("case_rag_chatbot/the_fix/sweep_h200.json", LLAMA_PROFILE)}
 SERVING_KEYS = ("request_throughput", "median_ttft_ms", "p95_ttft_ms", "median_itl_ms", "p95_itl_ms")
 ENGINE_KEYS = ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
                "enable_prefix_caching", "gpu_memory_utilization")
@@ -79,7 +81,9 @@ def predict(measured: dict, profile_path: Path, overlap_host: bool = False) -> d
                             "bandwidth_fraction": hardware.bandwidth_fraction,
                             "matmul_fraction": hardware.matmul_fraction,
                             "step_overhead_s": hardware.step_overhead_s,
-                            "per_seq_overhead_s": hardware.per_seq_overhead_s}}
+                            "per_seq_overhead_s": hardware.per_seq_overhead_s,
+                            "device_step_overhead_s": hardware.device_step_overhead_s,
+                            "device_per_seq_overhead_s": hardware.device_per_seq_overhead_s}}
 
 
 def predict_serving(measured: dict, profile_path: Path, overlap_host: bool = False) -> dict:
@@ -96,7 +100,8 @@ def predict_serving(measured: dict, profile_path: Path, overlap_host: bool = Fal
     hardware = calibrated(load_hardware("h200"), profile_path)
     spec = workload_spec(profile, measured["workload"]["users"], measured["summary"]["completed"])
     started = time.perf_counter()
-    summary = Simulator(config, arch, hardware, overlap_host=overlap_host).run_replicas(spec, 1).summary()
+    summary = Simulator(config, arch, hardware, overlap_host=overlap_host).run_replicas(
+        spec, measured.get("replicas", 1)).summary()
     return {**{k: summary[k] for k in SERVING_KEYS}, "sim_wall_s": time.perf_counter() - started,
             "calibration": {"profile": str(profile_path.relative_to(ROOT)), **hardware.calibration_error}}
 
@@ -110,6 +115,20 @@ def _overlap_bound(name: str, entry: dict, predict_fn, measured: dict, profile_p
     entry |= {"predicted_overlap_host": overlapped, "error_pct_overlap_host": over}
     print(f"{name} (overlap_host)", {k: (round(actual[k], 1), round(overlapped[k], 1), f"{over[k]:+.1f}%")
                                      for k in keys}, flush=True)
+
+
+def serving_runs():
+    """(name, results file, step profile, measured run) for every serving check: the single runs of
+    SERVING_RUNS and each load of the sweeps in SWEEP_RUNS (as a run of its own)."""
+    for name, (measured_path, profile_path) in SERVING_RUNS.items():
+        yield name, measured_path, profile_path, json.loads((ROOT / measured_path).read_text())
+    for name, (measured_path, profile_path) in SWEEP_RUNS.items():
+        sweep = json.loads((ROOT / measured_path).read_text())
+        for run in sweep["runs"]:
+            users = run["load"]["users"]
+            measured = {"engine_config": run["engine_config"], "workload": {"users": users},
+                        "summary": run["summary"], "commit": sweep["commit"], "replicas": sweep["replicas"]}
+            yield f"{name}_{users}users", measured_path, profile_path, measured
 
 
 def main() -> None:
@@ -135,15 +154,16 @@ def main() -> None:
         if _async_scheduling(ours["engine_config"]):
             _overlap_bound(name, result["workloads"][name], predict, measured, profile_path, ours, keys)
     result["serving"] = {}
-    for name, (measured_path, profile_path) in SERVING_RUNS.items():
-        measured = json.loads((ROOT / measured_path).read_text())
+    for name, measured_path, profile_path, measured in serving_runs():
         predicted = predict_serving(measured, ROOT / profile_path)
         m = measured["summary"]
         errors = {k: 100.0 * (predicted[k] - m[k]) / m[k] for k in SERVING_KEYS}
         result["serving"][name] = {
-            "what": "RAG case, the fix, 200 closed-loop users (15 s think time) on one H200: a serving check "
-                    "beyond the issue's two offline workloads",
-            "measured": {"file": measured_path, "commit": measured["commit"],
+            "what": f"RAG case, the fix, {measured['workload']['users']} closed-loop users (15 s think time) on "
+                    f"{measured.get('replicas', 1)} H200(s), one replica each: a serving check beyond the issue's "
+                    "two offline workloads",
+            "measured": {"file": measured_path, "commit": measured["commit"], "replicas": measured.get("replicas", 1),
+                         "users": measured["workload"]["users"],
                          "async_scheduling": _async_scheduling(measured["engine_config"]),
                          **{k: m[k] for k in SERVING_KEYS}},
             "predicted": predicted, "error_pct": errors}

@@ -21,6 +21,13 @@ minimises relative error, with the hardware profile's combine rule:
 
 Steps more than 3 median absolute deviations off the first fit are dropped once (other jobs share this
 machine's two cores and produce slow outliers); the fit quality is reported with the result.
+
+Host and device apart: a GPU profile whose steps also record `gpu_seconds` (the device's span of the step,
+CUDA events; `scripts/profile_steps.py` since 064cdd6) is fitted twice. The fractions and the *device*
+overheads are fitted to the GPU spans, the *host* overheads (a + b * num_seqs, non-negative least squares,
+one outlier pass) to the rest of each step (wall - GPU span). The simulator needs the split for async
+scheduling, where the host's part runs under the device's (step_time.py). Without GPU spans the whole
+step is fitted as before and the device overheads are 0.
 """
 
 from __future__ import annotations
@@ -65,6 +72,38 @@ class StepFit:
             compute = mm / (matmul * self.matmul_fraction) + att / (matmul * self.attention_fraction)
             body = mem + compute if combine == "sum" else np.maximum(mem, compute)
         return self.step_overhead_s + self.per_seq_overhead_s * seqs + body
+
+
+def gpu_seconds(profile: dict) -> np.ndarray | None:
+    """Each step's GPU span (seconds), or None when the profile does not record it for every step."""
+    spans = [step.get("gpu_seconds") for step in profile["steps"]]
+    return None if any(s is None for s in spans) else np.array(spans, dtype=float)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFit:
+    """The host's share of a step: `step_overhead_s + per_seq_overhead_s * num_seqs` (seconds)."""
+
+    step_overhead_s: float
+    per_seq_overhead_s: float
+    median_rel_error: float  # of the fitted host time against the measured (wall - GPU span)
+    num_outliers: int
+
+
+def fit_host(num_seqs: np.ndarray, host_seconds: np.ndarray) -> HostFit:
+    """Non-negative (a, b) minimising the relative error of a + b * num_seqs against `host_seconds`
+    (each > 0), refitted once without the steps more than 3 median absolute deviations off."""
+    def solve(mask):
+        return _overheads(host_seconds[mask], num_seqs[mask], host_seconds[mask])
+
+    keep = np.ones(len(host_seconds), dtype=bool)
+    a, b = solve(keep)
+    rel = (a + b * num_seqs) / host_seconds - 1.0
+    dev = np.abs(rel - np.median(rel))
+    keep = dev <= 3 * max(float(np.median(dev)), 1e-3)
+    a, b = solve(keep)
+    rel = np.abs((a + b * num_seqs) / host_seconds - 1.0)[keep]
+    return HostFit(a, b, float(np.median(rel)), int((~keep).sum()))
 
 
 def profile_features(profile: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -158,7 +197,9 @@ def calibrated(hardware: HardwareProfile, path: Path) -> HardwareProfile:
     """`hardware` with fractions and overheads fitted to the step profile at `path` (its combine rule).
 
     A CPU profile also takes its peaks from the profile's measured ceilings (a CPU has no datasheet
-    figure for what one process can reach); a GPU keeps its datasheet peaks.
+    figure for what one process can reach); a GPU keeps its datasheet peaks. A profile with each step's GPU
+    span gives device and host overheads apart (module docstring); `calibration_error` then holds the
+    device fit's error, the host fit's, and the error of their sum against the wall time of each step.
     """
     profile = _load(str(path))
     bandwidth, matmul = hardware.memory_bandwidth, hardware.matmul_flops
@@ -166,13 +207,32 @@ def calibrated(hardware: HardwareProfile, path: Path) -> HardwareProfile:
         bandwidth = profile["ceilings"]["copy_bytes_per_s"]
         matmul = profile["ceilings"]["matmul_flops_per_s"]
     weight_bytes = StepShape.from_arch(ModelArch.from_dict(profile["model_config"]), profile["dtype"]).weight_bytes
-    fit = fit_steps(*profile_features(profile), bandwidth, matmul, hardware.combine, weight_bytes)
+    features, seconds = profile_features(profile)
+    spans = gpu_seconds(profile)
+    if spans is None:
+        fit = fit_steps(features, seconds, bandwidth, matmul, hardware.combine, weight_bytes)
+        overheads = {"step_overhead_s": fit.step_overhead_s, "per_seq_overhead_s": fit.per_seq_overhead_s,
+                     "device_step_overhead_s": 0.0, "device_per_seq_overhead_s": 0.0}
+        error = {"median_rel_error": fit.median_rel_error, "p90_rel_error": fit.p90_rel_error,
+                 "num_steps": fit.num_steps, "num_outliers": fit.num_outliers}
+        source = f"fitted to {path.name}"
+    else:
+        fit = fit_steps(features, spans, bandwidth, matmul, hardware.combine, weight_bytes)
+        host = fit_host(features[0], np.maximum(seconds - spans, 1e-6))
+        overheads = {"step_overhead_s": host.step_overhead_s, "per_seq_overhead_s": host.per_seq_overhead_s,
+                     "device_step_overhead_s": fit.step_overhead_s,
+                     "device_per_seq_overhead_s": fit.per_seq_overhead_s}
+        wall = (fit.predict(features, bandwidth, matmul, hardware.combine, weight_bytes)
+                + host.step_overhead_s + host.per_seq_overhead_s * features[0])
+        rel = np.abs(wall / seconds - 1.0)
+        error = {"median_rel_error": float(np.median(rel)), "p90_rel_error": float(np.percentile(rel, 90)),
+                 "device_median_rel_error": fit.median_rel_error, "device_p90_rel_error": fit.p90_rel_error,
+                 "host_median_rel_error": host.median_rel_error, "num_steps": fit.num_steps,
+                 "num_outliers": fit.num_outliers, "host_num_outliers": host.num_outliers}
+        source = f"fitted to {path.name}: device overheads to each step's GPU span, host overheads to the rest"
     return dataclasses.replace(
         hardware, memory_bandwidth=bandwidth, matmul_flops=matmul, bandwidth_fraction=fit.bandwidth_fraction,
-        matmul_fraction=fit.matmul_fraction, attention_fraction=fit.attention_fraction,
-        step_overhead_s=fit.step_overhead_s, per_seq_overhead_s=fit.per_seq_overhead_s,
+        matmul_fraction=fit.matmul_fraction, attention_fraction=fit.attention_fraction, **overheads,
         fraction_source=f"fitted to {path.name} ({fit.num_steps} steps, {profile['model']}, {profile['dtype']})",
-        overhead_source=f"fitted to {path.name}",
-        calibration_error={"median_rel_error": fit.median_rel_error, "p90_rel_error": fit.p90_rel_error,
-                           "num_steps": fit.num_steps, "num_outliers": fit.num_outliers},
+        overhead_source=source, calibration_error=error,
     )

@@ -27,9 +27,13 @@ class HardwareProfile:
 
     `memory_bandwidth` and `matmul_flops` are peaks (datasheet, or measured ceilings on a CPU);
     `bandwidth_fraction`, `matmul_fraction` and `attention_fraction` are the achieved shares of those
-    peaks. A step costs
-    `step_overhead_s + per_seq_overhead_s * num_seqs + combine(memory time, compute time)`, where
-    `combine` is `phases` (GPUs: a roofline for the GEMMs plus one for attention, which run one after the
+    peaks. A step's device time is
+    `device_step_overhead_s + device_per_seq_overhead_s * num_seqs + combine(memory time, compute time)`
+    and its host time (scheduling, input building, launches, output processing)
+    `step_overhead_s + per_seq_overhead_s * num_seqs`; a synchronous step costs their sum, one with async
+    scheduling the longer of the two (`step_time.py`). Only a step profile that records each step's GPU
+    span tells the two apart (`calibration.py`); without one the device overheads stay 0 and the host's
+    absorb them. `combine` is `phases` (GPUs: a roofline for the GEMMs plus one for attention, which run one after the
     other), `max` (one roofline over the whole step) or `sum` (no overlap: the CPU); see `step_time.py`.
     """
 
@@ -44,6 +48,8 @@ class HardwareProfile:
     attention_fraction: float | None = None  # of the matmul peak; None: as matmul_fraction
     step_overhead_s: float = 0.0
     per_seq_overhead_s: float = 0.0
+    device_step_overhead_s: float = 0.0  # device time per step beyond the roofline (sampling, small kernels)
+    device_per_seq_overhead_s: float = 0.0
     combine: str = "phases"
     price_usd_per_hour: float | None = None
     price_date: str | None = None
@@ -67,6 +73,8 @@ class HardwareProfile:
             check_range(name, getattr(self, name), 0.0, limit, low_open=True, allow_none=True)
         check_range("step_overhead_s", self.step_overhead_s, 0.0)
         check_range("per_seq_overhead_s", self.per_seq_overhead_s, 0.0)
+        check_range("device_step_overhead_s", self.device_step_overhead_s, 0.0)
+        check_range("device_per_seq_overhead_s", self.device_per_seq_overhead_s, 0.0)
         check_range("price_usd_per_hour", self.price_usd_per_hour, 0.0, allow_none=True)
 
     @property

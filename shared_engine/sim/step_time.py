@@ -8,9 +8,10 @@ For a step whose scheduled requests each compute `n` new tokens at positions `[s
     FLOPs  = 2 * body parameters * sum(n)              (every matmul in the layers, per token)
            + 2 * vocab * hidden * num_sampled          (LM head, only for tokens that sample)
            + 4 * layers * heads * head_dim * sum(n*s + n(n+1)/2)   (QK^T and PV, causal in the chunk)
-    time   = step_overhead + per_seq_overhead * num_seqs + body (the synchronous step), or
-             max(step_overhead + per_seq_overhead * num_seqs, body) with async scheduling, where body is,
-             by the profile's rule:
+    device = device_step_overhead + device_per_seq_overhead * num_seqs + body
+    host   = step_overhead + per_seq_overhead * num_seqs
+    time   = host + device (the synchronous step), or max(host, device) with async scheduling (`overlap_host`),
+             where body is, by the profile's rule:
       phases (GPUs): max(weight bytes / bandwidth, matmul FLOPs / matmul rate)
                      + max(KV bytes / bandwidth, attention FLOPs / attention rate)
       max:           max(bytes / bandwidth, matmul FLOPs / matmul rate + attention FLOPs / attention rate)
@@ -23,13 +24,13 @@ decode attention: on the H200 it predicted the case_rag_chatbot step (60 decodes
 452-token chunk, llama-3.1-8b) at ~18 ms, where the step alone measured 24 ms
 (benchmarks/results/profile_rag_step_h200.json).
 
-The overheads are the host's share of a step (scheduling, input building, launches, output processing),
-fitted from synchronous steps (`calibration.py`). With async scheduling (the engine's default on CUDA) the
-host prepares step n+1 while the device runs step n, so a step takes between the longer of the two
-(`overlap_host`) and their sum (the default, conservative). Against the H200 runs with async scheduling
-(benchmarks/results/sim_fidelity_h200.json) the sum under-predicts llama-3.1-8b 1,000 x 1,000 throughput by
-10% and qwen3-0.6b's by 27%; the longer of the two over-predicts them by 5.5% and 14.7% (part of the fitted
-overhead is device time, which does not overlap).
+The host overheads are the host's share of a step (scheduling, input building, launches, output processing)
+and the device overheads the GPU's time beyond the roofline (sampling, norms, small kernels), fitted apart
+from synchronous steps whose GPU span was recorded (`calibration.py`). With async scheduling (the engine's
+default on CUDA) the host prepares step n+1 while the device runs step n, so a step takes the longer of the
+two (`overlap_host`); the default prices their sum (the synchronous step), which is conservative. A profile
+without GPU spans folds the device overheads into the host's, and then the longer of the two overstates
+what async scheduling gains (benchmarks/results/sim_fidelity_h200.json states both on the H200 runs).
 
 The attention rate is the matmul peak times its own achieved fraction (on a GPU the same as the matmuls'
 unless a profile says otherwise; on the CPU the masked SDPA path runs far below the matmul rate).
@@ -115,7 +116,8 @@ class StepTimeModel:
             body = max(mem, compute) if self._combine == "max" else mem + compute
         hw = self.hardware
         host = hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs
-        return max(host, body) if self.overlap_host else host + body
+        device = hw.device_step_overhead_s + hw.device_per_seq_overhead_s * num_seqs + body
+        return max(host, device) if self.overlap_host else host + device
 
     def seconds(self, scheduled) -> float:
         """Seconds for a step given `SchedulerOutput.scheduled` (a list of `ScheduledRequest`)."""
