@@ -236,3 +236,18 @@ def calibrated(hardware: HardwareProfile, path: Path) -> HardwareProfile:
         fraction_source=f"fitted to {path.name} ({fit.num_steps} steps, {profile['model']}, {profile['dtype']})",
         overhead_source=source, calibration_error=error,
     )
+
+
+STEP_PROFILES_DIR = Path(__file__).parent / "step_profiles"
+
+
+def for_model(hardware: HardwareProfile, model: str) -> HardwareProfile:
+    """`hardware` calibrated on its recorded step profile for `model` (`step_profiles/<hardware>_<model>.json`,
+    e.g. `h200_llama-3.1-8b.json`) when there is one; otherwise `hardware` unchanged (datasheet fractions and
+    the profile's stated overheads). A profile that already names its calibration is returned as it is."""
+    if hardware.calibration:
+        return hardware
+    key = hardware.name.strip().lower().replace(" ", "-").replace("_", "-")
+    path = STEP_PROFILES_DIR / f"{key}_{model}.json"
+    return calibrated(hardware, path) if path.exists() else hardware
+

@@ -86,6 +86,8 @@ def to_text(report: dict) -> str:
     i = report["inputs"]
     head = [f"Capacity model (modelled, not measured): {i['model']} on {i['hardware']['name']} "
             f"({i['dtype']}), workload {i['workload']['name']}, simulated in {report['wall_s']:.1f} s"]
+    head.append(f"Step times: fractions {i['hardware'].get('fraction_source') or 'as given'}; overheads "
+                f"{i['hardware'].get('overhead_source') or 'as given'}")
     if i["hardware"].get("price_date"):
         head.append(f"GPU price {i['hardware']['price_usd_per_hour']} $/h as of {i['hardware']['price_date']} "
                     f"({i['hardware']['price_source']})")

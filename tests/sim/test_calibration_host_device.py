@@ -100,3 +100,15 @@ def test_host_fit_drops_outliers():
     assert fit.step_overhead_s == pytest.approx(3e-4, rel=0.1)
     assert fit.per_seq_overhead_s == pytest.approx(1.5e-5, rel=0.03)
     assert fit.median_rel_error < 0.03
+
+
+def test_the_cli_calibrates_on_the_models_recorded_step_profile():
+    from shared_engine.sim.calibration import for_model
+
+    h200 = load_hardware("H200")
+    llama = for_model(h200, "llama-3.1-8b")  # step_profiles/h200_llama-3.1-8b.json, recorded with GPU spans
+    assert "h200_llama-3.1-8b.json" in llama.fraction_source and "GPU span" in llama.overhead_source
+    assert llama.device_step_overhead_s > 0 and llama.step_overhead_s != h200.step_overhead_s
+    assert for_model(h200, "smollm2-135m") is h200  # no recorded profile: the datasheet profile as it is
+    cpu = load_hardware("cpu-2core")  # already calibrated by its own file
+    assert for_model(cpu, "smollm2-135m") is cpu
