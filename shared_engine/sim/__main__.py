@@ -17,7 +17,7 @@ from pathlib import Path
 from shared_engine.config import EngineConfig
 from shared_engine.sim.calibration import for_model
 from shared_engine.sim.cost import cost_summary, fewest_replicas
-from shared_engine.sim.hardware import hardware_names, load_hardware
+from shared_engine.sim.hardware import hardware_key, hardware_names, load_hardware
 from shared_engine.sim.model_shape import resolve_arch
 from shared_engine.sim.report import to_text, write_json, write_png
 from shared_engine.sim.simulator import Simulator
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     model_name, arch = resolve_arch(flat.get("model"))
     config = EngineConfig.from_flat(**flat)
     # The device's recorded step profile for this model, when there is one (on the H200: llama-3.1-8b, qwen3-0.6b).
-    hardware = for_model(load_hardware(args.gpu), model_name)
+    hardware = for_model(load_hardware(args.gpu), model_name, hardware_key(args.gpu))
     if args.price_per_hour is not None:
         hardware = hardware.with_price(args.price_per_hour)
     workload = WorkloadSpec.from_yaml(args.workload)

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from shared_engine.model_arch import ModelArch
-from shared_engine.sim.hardware import HardwareProfile
+from shared_engine.sim.hardware import HardwareProfile, hardware_key
 from shared_engine.sim.step_time import StepShape, item_totals
 
 _GRID = np.geomspace(0.02, 1.0, 36)  # 12% apart
@@ -199,7 +199,8 @@ def calibrated(hardware: HardwareProfile, path: Path) -> HardwareProfile:
     A CPU profile also takes its peaks from the profile's measured ceilings (a CPU has no datasheet
     figure for what one process can reach); a GPU keeps its datasheet peaks. A profile with each step's GPU
     span gives device and host overheads apart (module docstring); `calibration_error` then holds the
-    device fit's error, the host fit's, and the error of their sum against the wall time of each step.
+    device fit's error against the spans and the error of host + device against the wall time (both over
+    every step), and the host fit's (over the steps it kept).
     """
     profile = _load(str(path))
     bandwidth, matmul = hardware.memory_bandwidth, hardware.matmul_flops
@@ -222,11 +223,12 @@ def calibrated(hardware: HardwareProfile, path: Path) -> HardwareProfile:
         overheads = {"step_overhead_s": host.step_overhead_s, "per_seq_overhead_s": host.per_seq_overhead_s,
                      "device_step_overhead_s": fit.step_overhead_s,
                      "device_per_seq_overhead_s": fit.per_seq_overhead_s}
-        wall = (fit.predict(features, bandwidth, matmul, hardware.combine, weight_bytes)
-                + host.step_overhead_s + host.per_seq_overhead_s * features[0])
-        rel = np.abs(wall / seconds - 1.0)
+        device = fit.predict(features, bandwidth, matmul, hardware.combine, weight_bytes)
+        rel = np.abs((device + host.step_overhead_s + host.per_seq_overhead_s * features[0]) / seconds - 1.0)
+        device_rel = np.abs(device / spans - 1.0)  # over every step, the fit's outliers included
         error = {"median_rel_error": float(np.median(rel)), "p90_rel_error": float(np.percentile(rel, 90)),
-                 "device_median_rel_error": fit.median_rel_error, "device_p90_rel_error": fit.p90_rel_error,
+                 "device_median_rel_error": float(np.median(device_rel)),
+                 "device_p90_rel_error": float(np.percentile(device_rel, 90)),
                  "host_median_rel_error": host.median_rel_error, "num_steps": fit.num_steps,
                  "num_outliers": fit.num_outliers, "host_num_outliers": host.num_outliers}
         source = f"fitted to {path.name}: device overheads to each step's GPU span, host overheads to the rest"
@@ -241,13 +243,12 @@ def calibrated(hardware: HardwareProfile, path: Path) -> HardwareProfile:
 STEP_PROFILES_DIR = Path(__file__).parent / "step_profiles"
 
 
-def for_model(hardware: HardwareProfile, model: str) -> HardwareProfile:
-    """`hardware` calibrated on its recorded step profile for `model` (`step_profiles/<hardware>_<model>.json`,
-    e.g. `h200_llama-3.1-8b.json`) when there is one; otherwise `hardware` unchanged (datasheet fractions and
-    the profile's stated overheads). A profile that already names its calibration is returned as it is."""
+def for_model(hardware: HardwareProfile, model: str, key: str | None = None) -> HardwareProfile:
+    """`hardware` calibrated on its recorded step profile for `model` (`step_profiles/<key>_<model>.json`,
+    e.g. `h200_llama-3.1-8b.json`; `key` is the hardware profile's file stem, by default resolved from its
+    name) when there is one; otherwise `hardware` unchanged (datasheet fractions and the profile's stated
+    overheads). A profile that already names its calibration is returned as it is."""
     if hardware.calibration:
         return hardware
-    key = hardware.name.strip().lower().replace(" ", "-").replace("_", "-")
-    path = STEP_PROFILES_DIR / f"{key}_{model}.json"
+    path = STEP_PROFILES_DIR / f"{key or hardware_key(hardware.name)}_{model}.json"
     return calibrated(hardware, path) if path.exists() else hardware
-

@@ -4,7 +4,7 @@ Profiles live in `hardware_profiles/<key>.json`, one per device. Peak figures co
 datasheet (dense, no sparsity); the achieved fractions come from measurement: on the H200 the measured copy
 bandwidth and bf16 matmul rate over its datasheet (4.23/4.8 TB/s, 795/989 TFLOP/s), which the other GPUs
 borrow (`achieved_fractions_from`); on a CPU a recorded step profile (`calibration`, fitted by
-`calibration.fit_step_profile`). Prices are dated inputs, never constants of the model.
+`calibration.calibrated`). Prices are dated inputs, never constants of the model.
 """
 
 from __future__ import annotations
@@ -127,14 +127,21 @@ def load_hardware(name: str) -> HardwareProfile:
     return profile
 
 
-def _read(name: str) -> dict:
+def hardware_key(name: str) -> str:
+    """The profile's file stem for a key or display name (`A100 80GB SXM` -> `a100-80gb`), which also names
+    its step profiles (`step_profiles/<key>_<model>.json`).
+
+    Raises:
+        ValueError: no such profile (the message lists the known ones).
+    """
     key = _normalise(name)
-    path = PROFILES_DIR / f"{key}.json"
-    if not path.exists():
-        for candidate in PROFILES_DIR.glob("*.json"):
-            if _normalise(json.loads(candidate.read_text())["name"]) == key:
-                path = candidate
-                break
-        else:
-            raise ValueError(f"unknown hardware {name!r}; known: {', '.join(hardware_names())}")
-    return json.loads(path.read_text())
+    if (PROFILES_DIR / f"{key}.json").exists():
+        return key
+    for candidate in PROFILES_DIR.glob("*.json"):
+        if _normalise(json.loads(candidate.read_text())["name"]) == key:
+            return candidate.stem
+    raise ValueError(f"unknown hardware {name!r}; known: {', '.join(hardware_names())}")
+
+
+def _read(name: str) -> dict:
+    return json.loads((PROFILES_DIR / f"{hardware_key(name)}.json").read_text())

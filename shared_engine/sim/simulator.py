@@ -41,12 +41,13 @@ class Simulator:
 
     `step_model` needs `seconds_from_totals(num_seqs, num_tokens, num_sampled, ctx_tokens, attn_pairs)`
     (see `StepTimeModel`); the default is the roofline for `arch` on `hardware`. It prices the synchronous
-    step (host overheads added to device time) whatever `config.scheduler.async_scheduling` says: with async
-    scheduling (the engine's CUDA default) the host's work overlaps the device's, and the H200 runs measured
-    10% (llama-3.1-8b) to 27% (qwen3-0.6b) more offline throughput than this predicts. `overlap_host=True`
-    prices the other bound (the longer of host and device per step): 5.5% and 14.7% over the measurements
-    (benchmarks/results/sim_fidelity_h200.json). Capacity plans keep the conservative default until step
-    profiles split the host's time from the device's.
+    step (host + device time) whatever `config.scheduler.async_scheduling` says: with async scheduling (the
+    engine's CUDA default) the host's work overlaps the device's, and on the H200 runs this under-predicts
+    offline throughput by 12.3% (llama-3.1-8b) and 24.9% (qwen3-0.6b). `overlap_host=True` prices the other
+    bound (the longer of host and device per step): 4.8% and 7.4% over the measurements, with host and device
+    fitted apart from step profiles that record each step's GPU span (benchmarks/results/
+    sim_fidelity_h200.json). Capacity plans keep the conservative default: served latency percentiles run
+    above both bounds (shared_engine/sim/README.md, "Fidelity").
 
     Raises:
         ValueError: the weights do not fit in the device memory, or `max_model_len` does not fit in the KV

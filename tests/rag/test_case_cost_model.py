@@ -41,9 +41,9 @@ def test_cost_model_runs_and_is_sane(tmp_path):
     assert gpus["H200"]["itl_target_feasible"]
 
 
-def test_sizing_is_held_to_the_measured_margin(tmp_path):
+def test_sizing_is_held_to_the_measured_margin(tmp_path, monkeypatch):
     """The model is sized against the SLO shrunk by its worst measured under-prediction (async runs only)."""
-    sys.path.insert(0, str(REPO / "case_rag_chatbot"))
+    monkeypatch.syspath_prepend(str(REPO / "case_rag_chatbot"))
     from cost_model import model_margin, sizing_slo
 
     fidelity = tmp_path / "fidelity.json"
@@ -61,3 +61,20 @@ def test_sizing_is_held_to_the_measured_margin(tmp_path):
     fidelity.write_text(json.dumps({"serving": {"over": over}}))
     assert model_margin(fidelity)["p95_itl_ms"] == 0.0
     assert model_margin(tmp_path / "missing.json")["p95_ttft_ms"] == 0.0
+
+
+def test_every_gpu_takes_the_h200_fit_with_its_device_overheads(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "case_rag_chatbot"))
+    from cost_model import STEP_PROFILE, hardware_for
+
+    from shared_engine.sim import load_hardware
+    from shared_engine.sim.calibration import calibrated
+
+    fit = calibrated(load_hardware("h200"), STEP_PROFILE)
+    assert fit.device_step_overhead_s > 0  # the profile records GPU spans
+    for gpu in ("h200", "h100-sxm", "l4"):
+        hw = hardware_for(gpu)
+        assert hw.memory_bandwidth == load_hardware(gpu).memory_bandwidth  # its own datasheet
+        for field in ("bandwidth_fraction", "matmul_fraction", "step_overhead_s", "per_seq_overhead_s",
+                      "device_step_overhead_s", "device_per_seq_overhead_s"):
+            assert getattr(hw, field) == getattr(fit, field), (gpu, field)

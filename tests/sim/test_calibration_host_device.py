@@ -112,3 +112,34 @@ def test_the_cli_calibrates_on_the_models_recorded_step_profile():
     assert for_model(h200, "smollm2-135m") is h200  # no recorded profile: the datasheet profile as it is
     cpu = load_hardware("cpu-2core")  # already calibrated by its own file
     assert for_model(cpu, "smollm2-135m") is cpu
+
+
+def test_hardware_keys_resolve_display_names():
+    from shared_engine.sim.hardware import hardware_key
+
+    assert hardware_key("H200") == "h200" and hardware_key("A100 80GB SXM") == "a100-80gb"
+    assert hardware_key("h100_sxm") == "h100-sxm"
+    with pytest.raises(ValueError, match="unknown hardware"):
+        hardware_key("B200")
+
+
+def test_cli_names_the_step_profile_it_calibrated_on(tmp_path, capsys):
+    from shared_engine.sim.__main__ import main
+
+    workload = tmp_path / "w.yaml"
+    workload.write_text("name: tiny\nnum_requests: 20\narrival: {process: poisson, rate: 50}\n"
+                        "prompt_len: {dist: uniform, min: 20, max: 200}\n"
+                        "output_len: {dist: uniform, min: 5, max: 30}\n")
+    config = tmp_path / "engine.yaml"
+    out = tmp_path / "report.json"
+    for model, calibrated_on in (("qwen3-0.6b", "h200_qwen3-0.6b.json"), ("smollm2-135m", None)):
+        config.write_text(f"model: {model}\nmax_model_len: 1024\n")
+        assert main(["--config", str(config), "--workload", str(workload), "--gpu", "H200", "--json", str(out),
+                     "--traffic-multiplier", "0"]) == 0
+        header = capsys.readouterr().out.splitlines()[1]
+        hardware = json.loads(out.read_text())["inputs"]["hardware"]
+        if calibrated_on:
+            assert calibrated_on in header and calibrated_on in hardware["fraction_source"]
+            assert hardware["device_step_overhead_s"] > 0
+        else:  # no recorded profile for this model: the datasheet profile and its stated overheads
+            assert "h200_" not in header and hardware["device_step_overhead_s"] == 0.0
