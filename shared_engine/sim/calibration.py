@@ -90,6 +90,12 @@ class HostFit:
     num_outliers: int
 
 
+def _inliers(rel: np.ndarray) -> np.ndarray:
+    """Mask of the steps within 3 median absolute deviations (at least 0.3%) of the median relative error."""
+    dev = np.abs(rel - np.median(rel))
+    return dev <= 3 * max(float(np.median(dev)), 1e-3)
+
+
 def fit_host(num_seqs: np.ndarray, host_seconds: np.ndarray) -> HostFit:
     """Non-negative (a, b) minimising the relative error of a + b * num_seqs against `host_seconds`
     (each > 0), refitted once without the steps more than 3 median absolute deviations off."""
@@ -98,9 +104,7 @@ def fit_host(num_seqs: np.ndarray, host_seconds: np.ndarray) -> HostFit:
 
     keep = np.ones(len(host_seconds), dtype=bool)
     a, b = solve(keep)
-    rel = (a + b * num_seqs) / host_seconds - 1.0
-    dev = np.abs(rel - np.median(rel))
-    keep = dev <= 3 * max(float(np.median(dev)), 1e-3)
+    keep = _inliers((a + b * num_seqs) / host_seconds - 1.0)
     a, b = solve(keep)
     rel = np.abs((a + b * num_seqs) / host_seconds - 1.0)[keep]
     return HostFit(a, b, float(np.median(rel)), int((~keep).sum()))
@@ -126,8 +130,7 @@ def fit_steps(features: np.ndarray, seconds: np.ndarray, bandwidth: float, matmu
             return _fit_grid(f, s, bw, mm, combine, weight_bytes)
     fit = solve(features, seconds, bandwidth, matmul)
     rel = fit.predict(features, bandwidth, matmul, combine, weight_bytes) / seconds - 1.0
-    dev = np.abs(rel - np.median(rel))
-    keep = dev <= 3 * max(float(np.median(dev)), 1e-3)
+    keep = _inliers(rel)
     fit = solve(features[:, keep], seconds[keep], bandwidth, matmul)
     rel = np.abs(fit.predict(features, bandwidth, matmul, combine, weight_bytes) / seconds - 1.0)[keep]
     return dataclasses.replace(fit, median_rel_error=float(np.median(rel)), p90_rel_error=float(np.percentile(rel, 90)),
