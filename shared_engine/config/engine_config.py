@@ -14,8 +14,10 @@ from shared_engine.config.cache_config import CacheConfig
 from shared_engine.config.device_config import DeviceConfig
 from shared_engine.config.model_config import ModelConfig
 from shared_engine.config.scheduler_config import SchedulerConfig
+from shared_engine.config.speculative_config import SpecDecodeSection, SpeculativeConfig
 
-_SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "device": DeviceConfig}
+_SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "device": DeviceConfig,
+             "speculative": SpecDecodeSection}
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,12 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    speculative: SpecDecodeSection = field(default_factory=SpecDecodeSection)
+
+    @property
+    def speculative_config(self) -> SpeculativeConfig | None:
+        """Speculative decoding settings, None when off."""
+        return self.speculative.speculative_config
 
     @classmethod
     def field_names(cls) -> dict[str, str]:

@@ -1,0 +1,141 @@
+"""`RejectionSampler`: verifies a step's draft tokens against the target model's logits, keeping the target
+distribution exactly (Leviathan et al. 2023; Chen et al. 2023; the accept rule is in
+`kernels/rejection_sampling.py`).
+
+Per speculative decode with drafts d_1..d_n, the step has n + 1 rows of target logits: row j is the target's
+next-token logits after the tokens before d_{j+1} (row n: after d_n, the bonus position). Each row gets the
+same processing as a plain decode's (`sampler.process_logits`: penalties over the request's output followed
+by the drafts before that position, as if they had been accepted; then temperature, top-k, top-p, min-p), so
+the accept test compares the drafts with the distribution plain decoding would sample from at that
+position. Greedy rows become one-hot at the processed argmax: exact argmax equality, no random draws.
+
+Random draws, per request in a fixed order (n uniforms, then n + 1 rows of Exp(1) noise for the residual
+and bonus draws by the exponential race, argmax(p / E)), come from the request's own generator when it has a
+seed (its run repeats exactly) and from the sampler's shared stream otherwise. Logprobs, when asked, are the
+target's raw log-softmax at each emitted position, as without speculation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from shared_engine.sampling.device_tensor import to_device
+from shared_engine.sampling.sampler import Sampler, filtered_probs, process_logits, raw_logprobs_if_asked
+
+
+@dataclass(slots=True)
+class _Position:
+    """A verified position j > 0 of a speculative decode, as logits processing reads a request: the output
+    so far plus the drafts before the position."""
+
+    sampling_params: object
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    request_id: str
+    index: int
+
+
+class RejectionSampler:
+    def __init__(self, sampler: Sampler, use_kernel: bool) -> None:
+        self.sampler = sampler  # its generators: per-request seeds and the shared stream
+        self.use_kernel = use_kernel  # the Triton accept kernel (CUDA); else the pure-torch reference
+
+    def sample(
+        self,
+        logits: torch.Tensor,  # [num_rows, vocab] fp32, num_rows = sum(len(d) + 1 for d in drafts)
+        requests: list,
+        drafts: list[list[int]],  # per request its draft tokens (possibly none)
+        draft_probs: torch.Tensor | None = None,  # [num_rows, vocab] fp32 q_j per row (bonus rows ignored)
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns the emitted tokens `[num_requests, k + 1]` int64 (accepted drafts, then the recovered or
+        bonus token, then -1; on logits' device, not waited for) and the raw logprobs `[num_rows, vocab]`
+        when a request asked for logprobs (else None)."""
+        device = logits.device
+        counts = [len(d) + 1 for d in drafts]
+        rows = self._positions(requests, drafts)
+        raw_logprobs = raw_logprobs_if_asked(logits, rows)
+        logits = process_logits(logits, rows)
+        probs = self._target_probs(logits, rows)
+        flat_drafts = to_device([t for d in drafts for t in (*d, 0)], torch.long, device)  # bonus rows: 0
+        uniforms, noise = self._draws(requests, counts, probs)
+        first = np.cumsum([0, *counts[:-1]])
+        is_draft_row = to_device([j < c - 1 for c in counts for j in range(c)], torch.bool, device)
+        if draft_probs is None:
+            residual = probs.scatter(1, flat_drafts[:, None], 0.0)
+        else:
+            residual = (probs - draft_probs).clamp_(min=0.0)
+        residual = torch.where(is_draft_row[:, None] & (residual.sum(-1, keepdim=True) > 0), residual, probs)
+        recovered = (residual / noise).argmax(dim=-1)  # [num_rows]
+        k = max(counts) - 1
+        # [batch, k + 1] row indices: position j of request b, clamped to its bonus row
+        index = first[:, None] + np.minimum(np.arange(k + 1)[None, :], np.asarray(counts)[:, None] - 1)
+        index = to_device(index.ravel().tolist(), torch.long, device).view(len(requests), k + 1)
+        draft_index = index[:, :k]
+        target_p = probs.gather(1, flat_drafts[:, None]).squeeze(1)
+        args = (flat_drafts[draft_index].contiguous(), to_device([c - 1 for c in counts], torch.int32, device),
+                target_p[draft_index].contiguous(),
+                None if draft_probs is None else draft_probs.gather(1, flat_drafts[:, None]).squeeze(1)[draft_index]
+                .contiguous(),
+                uniforms[draft_index].contiguous(), recovered[index].contiguous())
+        if self.use_kernel:
+            from kernels.rejection_sampling import rejection_sample
+
+            return rejection_sample(*args), raw_logprobs
+        from kernels.rejection_sampling import rejection_sample_ref
+
+        return rejection_sample_ref(*args), raw_logprobs
+
+    @staticmethod
+    def _positions(requests: list, drafts: list[list[int]]) -> list:
+        rows = []
+        for request, draft in zip(requests, drafts):
+            rows.append(request)
+            outputs = request.output_token_ids
+            for j in range(1, len(draft) + 1):
+                rows.append(_Position(request.sampling_params, request.prompt_token_ids, outputs + draft[:j],
+                                      request.request_id, request.index))
+        return rows
+
+    @staticmethod
+    def _target_probs(logits: torch.Tensor, rows: list) -> torch.Tensor:
+        """[num_rows, vocab] fp32: normalised filtered probabilities; one-hot at the argmax for greedy rows."""
+        probs = torch.zeros_like(logits)
+        greedy = [i for i, r in enumerate(rows) if r.sampling_params.greedy]
+        random = [i for i, r in enumerate(rows) if not r.sampling_params.greedy]
+        if random:
+            index = to_device(random, torch.long, logits.device)
+            p = filtered_probs(logits.index_select(0, index), [rows[i].sampling_params for i in random])
+            probs.index_copy_(0, index, p / p.sum(-1, keepdim=True))
+        if greedy:
+            index = to_device(greedy, torch.long, logits.device)
+            top = logits.index_select(0, index).argmax(dim=-1, keepdim=True)
+            probs.index_copy_(0, index, torch.zeros_like(top, dtype=probs.dtype).expand(-1, probs.shape[1])
+                              .scatter(1, top, 1.0))
+        return probs
+
+    def _draws(self, requests: list, counts: list[int], probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uniforms `[num_rows]` and Exp(1) noise `[num_rows, vocab]`; greedy rows get no draw (0 and 1)."""
+        device, vocab = probs.device, probs.shape[1]
+        uniforms = torch.zeros(probs.shape[0], dtype=probs.dtype, device=device)
+        noise = torch.ones_like(probs)
+        first = 0
+        unseeded = []
+        for request, count in zip(requests, counts):
+            params = request.sampling_params
+            if not params.greedy:
+                if params.seed is None:
+                    unseeded.extend(range(first, first + count))
+                else:
+                    gen = self.sampler._generator(request, device)
+                    uniforms[first:first + count].uniform_(generator=gen)
+                    noise[first:first + count].exponential_(generator=gen)
+            first += count
+        if unseeded:
+            gen = self.sampler._default_gen(device)
+            index = to_device(unseeded, torch.long, device)
+            uniforms.index_copy_(0, index, torch.rand(len(unseeded), device=device, generator=gen))
+            noise.index_copy_(0, index, torch.empty((len(unseeded), vocab), device=device).exponential_(generator=gen))
+        return uniforms, noise
