@@ -23,8 +23,6 @@ from dataclasses import dataclass, field, fields
 from shared_engine.config.validation import check_choice, check_range
 
 POLICIES = {"auto", "always"}
-# the proposers in shared_engine/spec_decode/registry.py (a test checks the two agree)
-METHODS = {"ngram", "suffix", "draft_model", "replay"}
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,9 @@ class SpeculativeConfig:
     acceptance_rate: float = 0.8
 
     def __post_init__(self) -> None:
-        check_choice("speculative_config.method", self.method, METHODS)
+        from shared_engine.spec_decode.registry import proposer_names  # torch-free
+
+        check_choice("speculative_config.method", self.method, proposer_names())
         check_range("speculative_config.num_speculative_tokens", self.num_speculative_tokens, 1, 16)
         check_range("speculative_config.prompt_lookup_min", self.prompt_lookup_min, 1)
         check_range("speculative_config.prompt_lookup_max", self.prompt_lookup_max, self.prompt_lookup_min)

@@ -58,27 +58,24 @@ class RejectionSampler:
         rows = self._positions(requests, drafts)
         raw_logprobs = raw_logprobs_if_asked(logits, rows)
         logits = process_logits(logits, rows)
-        probs = self._target_probs(logits, rows)
         flat_drafts = to_device([t for d in drafts for t in (*d, 0)], torch.long, device)  # bonus rows: 0
-        uniforms, noise = self._draws(requests, counts, probs)
-        first = np.cumsum([0, *counts[:-1]])
-        is_draft_row = to_device([j < c - 1 for c in counts for j in range(c)], torch.bool, device)
-        if draft_probs is None:
-            residual = probs.scatter(1, flat_drafts[:, None], 0.0)
-        else:
-            residual = (probs - draft_probs).clamp_(min=0.0)
-        residual = torch.where(is_draft_row[:, None] & (residual.sum(-1, keepdim=True) > 0), residual, probs)
-        recovered = (residual / noise).argmax(dim=-1)  # [num_rows]
+        # greedy rows: p is one-hot at the argmax, so p(d) is (d == argmax) and the residual's draw is the argmax
+        recovered = logits.argmax(dim=-1)  # [num_rows]
+        target_p = (recovered == flat_drafts).to(torch.float32)
+        uniforms = torch.zeros_like(target_p)
+        q_draft = None if draft_probs is None else draft_probs.gather(1, flat_drafts[:, None]).squeeze(1)
+        random = [i for i, r in enumerate(rows) if not r.sampling_params.greedy]
+        if random:
+            self._random_rows(logits, rows, random, counts, requests, flat_drafts, draft_probs, recovered, target_p,
+                              uniforms)
         k = max(counts) - 1
+        first = np.cumsum([0, *counts[:-1]])
         # [batch, k + 1] row indices: position j of request b, clamped to its bonus row
         index = first[:, None] + np.minimum(np.arange(k + 1)[None, :], np.asarray(counts)[:, None] - 1)
         index = to_device(index.ravel().tolist(), torch.long, device).view(len(requests), k + 1)
         draft_index = index[:, :k]
-        target_p = probs.gather(1, flat_drafts[:, None]).squeeze(1)
         args = (flat_drafts[draft_index].contiguous(), to_device([c - 1 for c in counts], torch.int32, device),
-                target_p[draft_index].contiguous(),
-                None if draft_probs is None else draft_probs.gather(1, flat_drafts[:, None]).squeeze(1)[draft_index]
-                .contiguous(),
+                target_p[draft_index].contiguous(), None if q_draft is None else q_draft[draft_index].contiguous(),
                 uniforms[draft_index].contiguous(), recovered[index].contiguous())
         if self.use_kernel:
             from kernels.rejection_sampling import rejection_sample
@@ -87,6 +84,28 @@ class RejectionSampler:
         from kernels.rejection_sampling import rejection_sample_ref
 
         return rejection_sample_ref(*args), raw_logprobs
+
+    def _random_rows(self, logits, rows, random, counts, requests, flat_drafts, draft_probs, recovered, target_p,
+                     uniforms) -> None:
+        """Fill the random rows' p(d), uniforms and residual / bonus draws (in place): p is the normalised
+        filtered distribution, the residual max(p - q, 0) (p without d for a one-hot draft; p itself at the
+        bonus row or where the residual vanishes), drawn by the exponential race argmax(residual / E)."""
+        device = logits.device
+        index = to_device(random, torch.long, device)
+        probs = filtered_probs(logits.index_select(0, index), [rows[i].sampling_params for i in random])
+        probs = probs / probs.sum(-1, keepdim=True)  # [num_random, vocab]
+        drafts = flat_drafts.index_select(0, index)[:, None]
+        target_p.index_copy_(0, index, probs.gather(1, drafts).squeeze(1))
+        if draft_probs is None:
+            residual = probs.scatter(1, drafts, 0.0)
+        else:
+            residual = (probs - draft_probs.index_select(0, index)).clamp_(min=0.0)
+        is_draft_row = [j < c - 1 for c in counts for j in range(c)]
+        keep = to_device([is_draft_row[i] for i in random], torch.bool, device)[:, None]
+        residual = torch.where(keep & (residual.sum(-1, keepdim=True) > 0), residual, probs)
+        u, noise = self._draws(requests, counts, random, probs)
+        uniforms.index_copy_(0, index, u)
+        recovered.index_copy_(0, index, (residual / noise).argmax(dim=-1))
 
     @staticmethod
     def _positions(requests: list, drafts: list[list[int]]) -> list:
@@ -99,40 +118,25 @@ class RejectionSampler:
                                       request.request_id, request.index))
         return rows
 
-    @staticmethod
-    def _target_probs(logits: torch.Tensor, rows: list) -> torch.Tensor:
-        """[num_rows, vocab] fp32: normalised filtered probabilities; one-hot at the argmax for greedy rows."""
-        probs = torch.zeros_like(logits)
-        greedy = [i for i, r in enumerate(rows) if r.sampling_params.greedy]
-        random = [i for i, r in enumerate(rows) if not r.sampling_params.greedy]
-        if random:
-            index = to_device(random, torch.long, logits.device)
-            p = filtered_probs(logits.index_select(0, index), [rows[i].sampling_params for i in random])
-            probs.index_copy_(0, index, p / p.sum(-1, keepdim=True))
-        if greedy:
-            index = to_device(greedy, torch.long, logits.device)
-            top = logits.index_select(0, index).argmax(dim=-1, keepdim=True)
-            probs.index_copy_(0, index, torch.zeros_like(top, dtype=probs.dtype).expand(-1, probs.shape[1])
-                              .scatter(1, top, 1.0))
-        return probs
-
-    def _draws(self, requests: list, counts: list[int], probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Uniforms `[num_rows]` and Exp(1) noise `[num_rows, vocab]`; greedy rows get no draw (0 and 1)."""
+    def _draws(self, requests: list, counts: list[int], random: list[int],
+               probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uniforms `[num_random]` and Exp(1) noise `[num_random, vocab]` for the random rows (`random`, row
+        indices in request order): a seeded request's from its own generator (its n + 1 uniforms, then its
+        noise rows), the rest in one draw from the shared stream."""
         device, vocab = probs.device, probs.shape[1]
-        uniforms = torch.zeros(probs.shape[0], dtype=probs.dtype, device=device)
-        noise = torch.ones_like(probs)
-        first = 0
+        uniforms = torch.empty(len(random), dtype=probs.dtype, device=device)
+        noise = torch.empty_like(probs)
+        slot = 0
         unseeded = []
         for request, count in zip(requests, counts):
-            params = request.sampling_params
-            if not params.greedy:
-                if params.seed is None:
-                    unseeded.extend(range(first, first + count))
+            if not request.sampling_params.greedy:
+                if request.sampling_params.seed is None:
+                    unseeded.extend(range(slot, slot + count))
                 else:
                     gen = self.sampler._generator(request, device)
-                    uniforms[first:first + count].uniform_(generator=gen)
-                    noise[first:first + count].exponential_(generator=gen)
-            first += count
+                    uniforms[slot:slot + count].uniform_(generator=gen)
+                    noise[slot:slot + count].exponential_(generator=gen)
+                slot += count
         if unseeded:
             gen = self.sampler._default_gen(device)
             index = to_device(unseeded, torch.long, device)
