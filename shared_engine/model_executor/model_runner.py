@@ -23,6 +23,8 @@ from shared_engine.model_executor.models.registry import get_model_class
 from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_logprobs
 from shared_engine.model_loader.model_source import ModelSource
 from shared_engine.model_loader.weight_loader import init_dummy, load_safetensors
+from shared_engine.sampling.grammar import GrammarBackend
+from shared_engine.sampling.logits_processors import LogitsProcessors
 from shared_engine.sampling.sampler import Sampler, SampleResult
 
 logger = logging.getLogger(__name__)
@@ -53,7 +55,8 @@ class LaunchedStep:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, source: ModelSource) -> None:
+    def __init__(self, config: EngineConfig, source: ModelSource, grammar: GrammarBackend | None = None) -> None:
+        """`grammar` compiles structured-output constraints (None: the model has no tokenizer)."""
         self.config = config
         self.device = torch.device(config.device.resolve())
         self.dtype_name = resolve_dtype(config.model.dtype, self.device.type)
@@ -64,7 +67,7 @@ class ModelRunner:
         # Cascade decode attention: Triton only, and only prefix caching makes sequences share blocks.
         self.enable_cascade = (self.device.type == "cuda" and not config.model.disable_cascade_attn
                                and config.cache.enable_prefix_caching)
-        self.sampler = Sampler(seed=config.model.seed)
+        self.sampler = Sampler(seed=config.model.seed, processors=LogitsProcessors(grammar))
         started = time.perf_counter()
         self.model = self._load(source)
         self.load_seconds = time.perf_counter() - started
