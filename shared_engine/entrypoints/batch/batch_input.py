@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from shared_engine.engine.tokenizer import apply_chat_template
 from shared_engine.entrypoints.openai.errors import APIError
 from shared_engine.entrypoints.openai.protocol import ChatCompletionRequest
+from shared_engine.entrypoints.openai.server_config import ServerConfig
 from shared_engine.entrypoints.openai.serving_base import sampling_params_for
 from shared_engine.entrypoints.openai.serving_chat import message_dicts
 from shared_engine.sampling_params import SamplingParams
@@ -97,7 +98,7 @@ def parse_line(number: int, text: str) -> BatchRow:
     return row
 
 
-def prepare(row: BatchRow, tokenizer, model_name: str, max_n: int = 16) -> None:
+def prepare(row: BatchRow, tokenizer, model_name: str, server_config: ServerConfig | None = None) -> None:
     """Validate the body, render the chat template and build the sampling parameters; a failure becomes the
     row's `error` (400, or 404 for a model other than `model_name`). Context-length checks happen later,
     against the engine (`run_batch.py`)."""
@@ -113,7 +114,7 @@ def prepare(row: BatchRow, tokenizer, model_name: str, max_n: int = 16) -> None:
         if k is None and req.top_logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        row.params = sampling_params_for(req, max_tokens, max_n, logprobs=k)
+        row.params = sampling_params_for(req, max_tokens, server_config or ServerConfig(), logprobs=k)
         try:
             row.prompt_token_ids = apply_chat_template(tokenizer, message_dicts(req.messages),
                                                        req.add_generation_prompt)

@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
     llm = LLM.from_config(engine_config)
     name = engine_config.model.served_model_name or llm.engine.source.name
     summary = run_batch(llm, args.input_file, args.output_file, name, not args.disable_progress_bar,
-                        server_config.max_n)
+                        server_config)
     d = summary.as_dict()
     logger.info("run-batch: %d rows (%d failed) in %.1f s: %.2f rows/s, %.0f output tok/s, %.0f prompt tok/s, "
                 "prefix cache hit rate %.1f%%", d["num_rows"], d["num_failed"], d["elapsed_s"], d["rows_per_s"],

@@ -74,16 +74,17 @@ def shared_prefix(rows: list[BatchRow], block_size: int) -> list[int]:
 
 
 def run_batch(llm, input_path: Path, output_path: Path, model_name: str, use_tqdm: bool = True,
-              max_n: int = 16) -> BatchSummary:
+              server_config=None) -> BatchSummary:
     """Run every row of `input_path` through `llm` (a `shared_engine.LLM`) and write `output_path`.
 
+    `server_config` (a `ServerConfig`; default: the defaults) bounds `n` and stop lists as the server does.
     Raises `DuplicateCustomIdError` before anything runs; any other per-row problem is that row's error."""
     from shared_engine.entrypoints.openai.logprobs import TokenText
 
     engine = llm.engine
     rows = read_rows(Path(input_path))
     for row in rows:
-        prepare(row, engine.tokenizer, model_name, max_n)
+        prepare(row, engine.tokenizer, model_name, server_config)
         if row.error is None:
             try:
                 engine_check(engine, row.prompt_token_ids, row.params)
