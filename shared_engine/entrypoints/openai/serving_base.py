@@ -59,30 +59,39 @@ class ServingContext:
     def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None = None,
                         prompt_logprobs: int | None = None) -> SamplingParams:
         """Raises `APIError` 400 for values the engine does not accept."""
-        if req.n > self.server_config.max_n:
-            raise bad_request(f"n must be at most {self.server_config.max_n}, got {req.n}", "n")
-        check_stop_limits(self.server_config, req.stop, req.stop_token_ids)
-        try:
-            return SamplingParams(
-                n=req.n,
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=req.top_k,
-                min_p=req.min_p or 0.0,
-                presence_penalty=req.presence_penalty or 0.0,
-                frequency_penalty=req.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-                seed=req.seed,
-                max_tokens=max_tokens,
-                min_tokens=req.min_tokens,
-                stop=req.stop,
-                stop_token_ids=req.stop_token_ids,
-                ignore_eos=req.ignore_eos,
-                logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
-            )
-        except ValueError as e:
-            raise bad_request(str(e)) from e
+        return sampling_params_for(req, max_tokens, self.server_config, logprobs, prompt_logprobs)
+
+
+def sampling_params_for(req: SamplingFields, max_tokens: int | None, server_config: ServerConfig,
+                        logprobs: int | None = None, prompt_logprobs: int | None = None) -> SamplingParams:
+    """A request body's sampling fields as `SamplingParams` (also used by `run-batch`, without a server).
+
+    Raises `APIError` 400 for `n` over `max_n`, stop lists past the server's limits, or values the engine
+    does not accept."""
+    if req.n > server_config.max_n:
+        raise bad_request(f"n must be at most {server_config.max_n}, got {req.n}", "n")
+    check_stop_limits(server_config, req.stop, req.stop_token_ids)
+    try:
+        return SamplingParams(
+            n=req.n,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p or 0.0,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+        )
+    except ValueError as e:
+        raise bad_request(str(e)) from e
 
 
 def new_id(prefix: str) -> str:
