@@ -18,6 +18,7 @@ from shared_engine.engine.tokenizer import load_tokenizer
 from shared_engine.model_executor.model_runner import ModelRunner, StepResult
 from shared_engine.model_loader.model_source import resolve_model
 from shared_engine.outputs import RequestOutput
+from shared_engine.sampling.grammar import GrammarBackend
 from shared_engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("shared_engine")
@@ -34,7 +35,9 @@ class LLMEngine:
         self.max_model_len = config.model.max_model_len
         self.tokenizer = load_tokenizer(self.source.tokenizer_path)
         self.eos_token_ids = frozenset(self._eos_ids())
-        self.runner = ModelRunner(config, self.source)
+        self.grammar = (GrammarBackend(self.tokenizer, self.source.arch.vocab_size, self.eos_token_ids)
+                        if self.tokenizer is not None else None)
+        self.runner = ModelRunner(config, self.source, self.grammar)
         num_blocks = num_kv_blocks(config, self.runner.kv_bytes_per_block, self.runner.free_kv_bytes())
         check_fits(num_blocks, config.cache.block_size, self.max_model_len)
         self.runner.allocate_kv_cache(num_blocks)
@@ -81,13 +84,17 @@ class LLMEngine:
 
         Raises:
             ValueError: an empty prompt, a prompt + max_tokens over max_model_len, sampling parameters
-                out of range, or an adapter that cannot be loaded (`LoRAValidationError`). The engine keeps
-                serving everyone else.
+                out of range, an invalid grammar or schema, an id in use, or an adapter that cannot be
+                loaded (`LoRAValidationError`). The engine keeps serving everyone else.
         """
         max_tokens = validate_request(prompt_token_ids, params, self.max_model_len, self.config.model.max_logprobs,
                                       self.source.arch.vocab_size)
         if request_id in self.outputs.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if params.structured_outputs is not None:
+            if self.grammar is None:
+                raise ValueError("structured outputs need a tokenizer; this model has none")
+            self.grammar.validate(params.structured_outputs)
         if lora_request is not None and self.runner.lora is None:
             raise ValueError(f"adapter {lora_request.lora_name!r} requested but LoRA is not enabled (enable_lora)")
         arrival = time.time() if arrival_time is None else arrival_time

@@ -30,6 +30,14 @@ class LLM:
         self.engine = LLMEngine(EngineConfig.from_flat(model=model, **engine_args))
         self._ids = itertools.count()
 
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        """An `LLM` on an already built `EngineConfig` (e.g. from `cli_args.build_configs`)."""
+        llm = cls.__new__(cls)
+        llm.engine = LLMEngine(config)
+        llm._ids = itertools.count()
+        return llm
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 
