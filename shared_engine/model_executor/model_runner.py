@@ -71,6 +71,11 @@ class ModelRunner:
         started = time.perf_counter()
         self.model = self._load(source)
         self.load_seconds = time.perf_counter() - started
+        self.lora = None  # LoRAManager with enable_lora: the CPU cache and GPU slots of adapters
+        if config.lora.enable_lora:
+            from shared_engine.lora.lora_manager import LoRAManager
+
+            self.lora = LoRAManager(self.model, config.lora, self.arch, config.scheduler.token_budget)
         self.kv_caches: list[torch.Tensor] = []
         self.graph_runner: CudaGraphRunner | None = None
         self.compile_seconds = 0.0  # first forward pass (Triton JIT) during profiling
@@ -125,6 +130,8 @@ class ModelRunner:
         out = SchedulerOutput([ScheduledRequest(request, [0] * num_tokens, 0, list(range(num_blocks)), True)],
                               num_batched_tokens=num_tokens)
         inputs = build_inputs(out, self.block_size, self.device)
+        if self.lora is not None:  # profile the LoRA layers' activations too
+            self.lora.ctx.active = True
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         self.model.compute_logits(hidden[inputs.sample_indices])
         rows = min(PROMPT_LOGPROBS_CHUNK, num_tokens)  # one prompt-logprobs chunk counts in the peak
@@ -158,6 +165,8 @@ class ModelRunner:
             return
         started = time.perf_counter()
         max_len = cfg.model.max_model_len
+        if self.lora is not None:  # graphs always run the LoRA layers (a zero mask for base-model tokens)
+            self.lora.ctx.active = True
         with torch.inference_mode():
             self.graph_runner = CudaGraphRunner(
                 self.model, self.kv_caches, self.backend, decode_sizes=decode_sizes,
@@ -186,6 +195,8 @@ class ModelRunner:
         span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade)
         inputs.patch_placeholders(None if previous is None else previous.tokens)
+        if self.lora is not None:
+            self.lora.prepare(out)
         self.cascade_steps += inputs.meta.use_cascade
         if cuda:
             span[0].record()
@@ -251,6 +262,8 @@ class ModelRunner:
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)
+        if self.lora is not None:
+            self.lora.release(request_id)
 
 
 def resolve_dtype(dtype: str, device_type: str) -> str:
