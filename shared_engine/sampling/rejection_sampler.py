@@ -4,8 +4,9 @@ distribution exactly (Leviathan et al. 2023; Chen et al. 2023; the accept rule i
 
 Per speculative decode with drafts d_1..d_n, the step has n + 1 rows of target logits: row j is the target's
 next-token logits after the tokens before d_{j+1} (row n: after d_n, the bonus position). Each row gets the
-same processing as a plain decode's (`sampler.process_logits`: penalties over the request's output followed
-by the drafts before that position, as if they had been accepted; then temperature, top-k, top-p, min-p), so
+same processing as a plain decode's (the sampler's `LogitsProcessors`: grammar mask, logit_bias, min_tokens
+and penalties over the request's output followed by the drafts before that position, as if they had been
+accepted; then temperature, top-k, top-p, min-p), so
 the accept test compares the drafts with the distribution plain decoding would sample from at that
 position. Greedy rows become one-hot at the processed argmax: exact argmax equality, no random draws.
 
@@ -17,25 +18,11 @@ target's raw log-softmax at each emitted position, as without speculation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from shared_engine.sampling.device_tensor import to_device
-from shared_engine.sampling.sampler import Sampler, filtered_probs, process_logits, raw_logprobs_if_asked
-
-
-@dataclass(slots=True)
-class _Position:
-    """A verified position j > 0 of a speculative decode, as logits processing reads a request: the output
-    so far plus the drafts before the position."""
-
-    sampling_params: object
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    request_id: str
-    index: int
+from shared_engine.sampling.sampler import Sampler, filtered_probs, raw_logprobs_if_asked
 
 
 class RejectionSampler:
@@ -55,9 +42,9 @@ class RejectionSampler:
         when a request asked for logprobs (else None)."""
         device = logits.device
         counts = [len(d) + 1 for d in drafts]
-        rows = self._positions(requests, drafts)
+        rows = [r for r, c in zip(requests, counts) for _ in range(c)]  # the request owning each logits row
         raw_logprobs = raw_logprobs_if_asked(logits, rows)
-        logits = process_logits(logits, rows)
+        logits = self.sampler.processors.apply(logits, rows, [d[:j] for d in drafts for j in range(len(d) + 1)])
         flat_drafts = to_device([t for d in drafts for t in (*d, 0)], torch.long, device)  # bonus rows: 0
         # greedy rows: p is one-hot at the argmax, so p(d) is (d == argmax) and the residual's draw is the argmax
         recovered = logits.argmax(dim=-1)  # [num_rows]
@@ -106,17 +93,6 @@ class RejectionSampler:
         u, noise = self._draws(requests, counts, random, probs)
         uniforms.index_copy_(0, index, u)
         recovered.index_copy_(0, index, (residual / noise).argmax(dim=-1))
-
-    @staticmethod
-    def _positions(requests: list, drafts: list[list[int]]) -> list:
-        rows = []
-        for request, draft in zip(requests, drafts):
-            rows.append(request)
-            outputs = request.output_token_ids
-            for j in range(1, len(draft) + 1):
-                rows.append(_Position(request.sampling_params, request.prompt_token_ids, outputs + draft[:j],
-                                      request.request_id, request.index))
-        return rows
 
     def _draws(self, requests: list, counts: list[int], random: list[int],
                probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,8 @@
 which runs the same processing at every verified position).
 
 Order (as vLLM): raw log-probabilities for the `logprobs` output are taken first (before any
-processing); then penalties, then greedy rows take the argmax; the others are divided by temperature,
+processing); then `LogitsProcessors` (grammar masks, logit_bias, min_tokens, penalties), then greedy rows
+take the argmax; the others are divided by temperature,
 filtered by top-k, top-p and min-p, and sampled by the exponential race (argmax of p / E, E ~ Exp(1)),
 which draws from p exactly. A sequence with a seed owns a `torch.Generator` seeded from (seed, choice
 index): its draws depend only on its own history, so `n` choices differ and every run repeats exactly.
@@ -16,7 +17,7 @@ import torch
 
 from shared_engine.core.request import Request
 from shared_engine.sampling.device_tensor import to_device
-from shared_engine.sampling.penalties import apply_penalties
+from shared_engine.sampling.logits_processors import LogitsProcessors
 
 
 @dataclass
@@ -29,13 +30,15 @@ class SampleResult:
 
 
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, processors: LogitsProcessors | None = None) -> None:
+        self.processors = processors or LogitsProcessors()
         self._generators: dict[str, torch.Generator] = {}
         self._seed = seed
         self._default: dict[torch.device, torch.Generator] = {}
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        self.processors.release(request_id)
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampleResult]:
         """`logits` `[num_seqs, vocab]` fp32, one row per request (which must need a sample)."""
@@ -47,7 +50,7 @@ class Sampler:
         `[num_seqs]` int64 (on logits' device) and, when a request asked for `logprobs`, the raw
         log-probabilities `[num_seqs, vocab]` fp32 (else None); `results` turns them into `SampleResult`s."""
         raw_logprobs = raw_logprobs_if_asked(logits, requests)
-        logits = process_logits(logits, requests)
+        logits = self.processors.apply(logits, requests)
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if random_rows:
@@ -115,25 +118,6 @@ def raw_logprobs_if_asked(logits: torch.Tensor, requests) -> torch.Tensor | None
     if any(r.sampling_params.logprobs is not None for r in requests):
         return torch.log_softmax(logits, dim=-1)
     return None
-
-
-def process_logits(logits: torch.Tensor, requests) -> torch.Tensor:
-    """Everything that depends on a row's history, applied before greedy / random selection: penalties
-    (over `output_token_ids`, and the prompt for repetition). `requests` is one object per logits row with
-    `sampling_params`, `prompt_token_ids` and `output_token_ids`: a speculative position passes a view whose
-    output includes the drafts before it. Returns `logits` itself when nothing applies, else a new tensor."""
-    params = [r.sampling_params for r in requests]
-    if any(p.needs_penalties for p in params):
-        logits = logits.clone()
-        apply_penalties(
-            logits,
-            [r.prompt_token_ids if p.repetition_penalty != 1.0 else [] for r, p in zip(requests, params)],
-            [r.output_token_ids for r in requests],
-            [p.presence_penalty for p in params],
-            [p.frequency_penalty for p in params],
-            [p.repetition_penalty for p in params],
-        )
-    return logits
 
 
 def filtered_probs(logits: torch.Tensor, params: list) -> torch.Tensor:

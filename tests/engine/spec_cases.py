@@ -54,8 +54,10 @@ def mixed_batch() -> list[tuple[str, str, SamplingParams]]:
     sweep 1..18 and stops that fall inside an accepted run of NUMBERS (tokens "4", ",", " ", "5")."""
     cases = [(f"plain{i}", p, greedy()) for i, p in enumerate(prompts())]
     for i, p in enumerate(REPETITIVE[:2]):
-        cases += [(f"freq-2_{i}", p, greedy(frequency_penalty=-2.0)), (f"freq+2_{i}", p, greedy(frequency_penalty=2.0)),
-                  (f"presence_{i}", p, greedy(presence_penalty=1.5)), (f"repetition_{i}", p, greedy(repetition_penalty=1.3))]
+        cases += [(f"freq-2_{i}", p, greedy(frequency_penalty=-2.0)),
+                  (f"freq+2_{i}", p, greedy(frequency_penalty=2.0)),
+                  (f"presence_{i}", p, greedy(presence_penalty=1.5)),
+                  (f"repetition_{i}", p, greedy(repetition_penalty=1.3))]
     cases += [("min_tokens", "Say hi.", greedy(16, min_tokens=12)), ("n2", REPETITIVE[1], greedy(n=2)),
               ("logprobs", NUMBERS, greedy(logprobs=2)), ("logprobs_prose", PROSE[0], greedy(logprobs=2))]
     cases += [(f"max{m}", NUMBERS, greedy(m)) for m in range(1, 19)]

@@ -48,7 +48,8 @@ def test_speculation_was_exercised(runs):
     assert spec.num_accepted_tokens_total > 100 and spec.num_draft_tokens_total > spec.num_accepted_tokens_total
     by_case = {case: out for (case, _, _), out in zip(cases, results["on"])}
     # the stops fall inside NUMBERS' accepted runs: "4," is followed by " 5, 1, ..." that was drafted too
-    assert by_case["stop_str"].outputs[0].text.endswith("3, ") and by_case["stop_str"].outputs[0].finish_reason == "stop"
+    stopped = by_case["stop_str"].outputs[0]
+    assert stopped.text.endswith("3, ") and stopped.finish_reason == "stop"
     assert by_case["stop_str_kept"].outputs[0].text.endswith("4,")
     assert by_case["stop_id"].outputs[0].token_ids[-1] == 37 and by_case["stop_id"].outputs[0].stop_reason == 37
     for m in range(1, 19):
