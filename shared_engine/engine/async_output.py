@@ -186,6 +186,5 @@ class AsyncOutputStepper:
             engine.scheduler, engine.block_manager,
             phases=(c.step.schedule_seconds, model_seconds, output_seconds, c.gpu_seconds))
         if engine.spec is not None:  # the step's cost for the policy: the device's span where there is one
-            engine.spec.on_step(len(c.step.out.scheduled), c.step.out.num_batched_tokens,
-                                c.gpu_seconds or c.step.schedule_seconds + model_seconds + output_seconds)
+            engine.spec.on_step(c.step.out, c.gpu_seconds or c.step.schedule_seconds + model_seconds + output_seconds)
         return outputs

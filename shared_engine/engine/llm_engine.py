@@ -160,7 +160,7 @@ class LLMEngine:
                            phases=(scheduled - started, executed - scheduled, finished - executed,
                                    self.runner.gpu_span_seconds - gpu_before))
         if self.spec is not None:
-            self.spec.on_step(len(out.scheduled), out.num_batched_tokens, finished - started)
+            self.spec.on_step(out, finished - started)
         return outputs
 
     def propose_drafts(self) -> None:

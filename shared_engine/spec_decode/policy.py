@@ -17,7 +17,7 @@ class AlwaysPolicy:
     def num_drafts(self, requests: list, num_running: int) -> list[int]:
         return [self.k] * len(requests)
 
-    def observe_step(self, num_seqs: int, num_tokens: int, seconds: float) -> None:
+    def observe_step(self, num_tokens: int, speculative: bool, seconds: float) -> None:
         pass
 
 

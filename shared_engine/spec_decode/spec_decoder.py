@@ -34,9 +34,9 @@ class SpecDecoder:
         for request, drafts in zip(eligible, self.proposer.propose(eligible, caps)):
             request.draft_token_ids = drafts
 
-    def on_step(self, num_seqs: int, num_tokens: int, seconds: float) -> None:
-        """A step's measured cost, for the policy's step-time model."""
-        self.policy.observe_step(num_seqs, num_tokens, seconds)
+    def on_step(self, out, seconds: float) -> None:
+        """A step's (`SchedulerOutput`) measured cost, for the policy's step-time model."""
+        self.policy.observe_step(out.num_batched_tokens, out.has_drafts, seconds)
 
     def on_finished(self, request) -> None:
         self.proposer.on_finished(request)
