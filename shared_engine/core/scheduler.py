@@ -151,13 +151,13 @@ class Scheduler:
 
     def _num_drafts(self, request: Request, budget: int, table) -> int:
         """How many of the request's draft tokens this step verifies: none while its last token is in
-        flight, none past max_tokens or max_model_len (a step yields at most drafts + 1 tokens), none beyond
-        the budget, and none that would need a block the pool cannot give without preempting someone."""
+        flight, none at a position past max_tokens or max_model_len, none beyond the budget, and none that would need a block the pool cannot give without preempting someone."""
         outputs = request.output_token_ids
         if outputs and outputs[-1] < 0:
             return 0
-        n = min(len(request.draft_token_ids), budget, request.max_tokens - len(outputs) - 1,
-                self.max_model_len - request.num_tokens - 1)
+        # drafts cover at most the positions left (a bonus token past max_tokens is dropped by `check_stop`)
+        n = min(len(request.draft_token_ids), budget, request.max_tokens - len(outputs),
+                self.max_model_len - request.num_tokens)
         if n <= 0:
             return 0
         bm = self.block_manager

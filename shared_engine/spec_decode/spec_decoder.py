@@ -29,7 +29,7 @@ class SpecDecoder:
         if not eligible:
             return
         ks = self.policy.num_drafts(eligible, len(running))
-        caps = [min(k, r.max_tokens - r.num_output_tokens - 1, self.max_model_len - r.num_tokens - 1)
+        caps = [min(k, r.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens)
                 for r, k in zip(eligible, ks)]
         for request, drafts in zip(eligible, self.proposer.propose(eligible, caps)):
             request.draft_token_ids = drafts
