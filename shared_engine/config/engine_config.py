@@ -13,9 +13,11 @@ from typing import Any
 from shared_engine.config.cache_config import CacheConfig
 from shared_engine.config.device_config import DeviceConfig
 from shared_engine.config.model_config import ModelConfig
+from shared_engine.config.parallel_config import ParallelConfig
 from shared_engine.config.scheduler_config import SchedulerConfig
 
-_SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "device": DeviceConfig}
+_SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "device": DeviceConfig,
+             "parallel": ParallelConfig}
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     @classmethod
     def field_names(cls) -> dict[str, str]:

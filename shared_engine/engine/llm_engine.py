@@ -15,7 +15,8 @@ from shared_engine.engine.output_builder import OutputBuilder
 from shared_engine.engine.request_validator import validate_request
 from shared_engine.engine.stats import EngineStats
 from shared_engine.engine.tokenizer import load_tokenizer
-from shared_engine.model_executor.model_runner import ModelRunner, StepResult
+from shared_engine.distributed.tp_executor import make_model_runner
+from shared_engine.model_executor.model_runner import StepResult
 from shared_engine.model_loader.model_source import resolve_model
 from shared_engine.outputs import RequestOutput
 from shared_engine.sampling_params import SamplingParams
@@ -34,7 +35,7 @@ class LLMEngine:
         self.max_model_len = config.model.max_model_len
         self.tokenizer = load_tokenizer(self.source.tokenizer_path)
         self.eos_token_ids = frozenset(self._eos_ids())
-        self.runner = ModelRunner(config, self.source)
+        self.runner = make_model_runner(config, self.source)  # a TPExecutor at tensor_parallel_size > 1
         num_blocks = num_kv_blocks(config, self.runner.kv_bytes_per_block, self.runner.free_kv_bytes())
         check_fits(num_blocks, config.cache.block_size, self.max_model_len)
         self.runner.allocate_kv_cache(num_blocks)
@@ -62,6 +63,13 @@ class LLMEngine:
         if not s.enable_chunked_prefill and s.token_budget < config.model.max_model_len:
             raise ValueError(f"without chunked prefill max_num_batched_tokens ({s.token_budget}) must be >= "
                              f"max_model_len ({config.model.max_model_len})")
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (they also stop when the engine is collected
+        or the process exits)."""
+        shutdown = getattr(self.runner, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
     def _eos_ids(self) -> set[int]:
         ids = self.source.generation_eos_ids()

@@ -19,7 +19,8 @@ class LLM:
 
     `LLM(model=None, **engine_args)`: `model` None is the embedded default (SmolLM2-135M-Instruct); every
     other keyword is an engine setting by its flat name (`max_num_seqs`, `block_size`, `kv_cache_memory`,
-    `num_gpu_blocks_override`, `max_model_len`, `dtype`, `device`, `load_format`, ...).
+    `num_gpu_blocks_override`, `max_model_len`, `dtype`, `device`, `load_format`,
+    `tensor_parallel_size`, ...).
 
     Raises:
         ValueError: an unknown setting or a value out of range (the message names it).
@@ -28,6 +29,10 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args) -> None:
         self.engine = LLMEngine(EngineConfig.from_flat(model=model, **engine_args))
         self._ids = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (`tensor_parallel_size` > 1); a no-op otherwise."""
+        self.engine.shutdown()
 
     def get_tokenizer(self):
         return self.engine.tokenizer
