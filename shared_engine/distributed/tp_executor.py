@@ -19,6 +19,7 @@ import logging
 import pickle
 import subprocess
 import sys
+import time
 import weakref
 from collections.abc import Callable
 
@@ -93,10 +94,27 @@ class TPExecutor:
     def healthy(self) -> bool:
         return self.error is None
 
-    def _call(self, *call) -> None:
+    def _check_workers(self, wait_s: float = 0.0) -> None:
+        """Raise `TPWorkerError` if a worker has exited (waiting up to `wait_s` for one that is exiting)."""
+        deadline = time.monotonic() + wait_s
+        while self.error is None:
+            for rank, proc in self.workers.items():
+                if proc.poll() is not None:
+                    self.error = (f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with code "
+                                  f"{proc.returncode}")
+            if self.error is not None or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
         if self.error is not None:
             raise TPWorkerError(self.error)
-        broadcast_object(call)
+
+    def _call(self, *call) -> None:
+        self._check_workers()
+        try:
+            broadcast_object(call)
+        except RuntimeError:
+            self._check_workers(wait_s=2.0)  # name the rank that is gone, if one is
+            raise
 
     # ---- ModelRunner's interface ---------------------------------------------------------------------
     def free_kv_bytes(self) -> int | None:
@@ -114,7 +132,11 @@ class TPExecutor:
 
     def launch(self, out, previous=None):
         self._call("launch", worker_view(out), previous is not None)
-        return self.runner.launch(out, previous)
+        try:
+            return self.runner.launch(out, previous)
+        except RuntimeError:  # a collective failed: a peer died mid-step (gloo notices at once)
+            self._check_workers(wait_s=2.0)
+            raise
 
     def collect(self, step):
         return self.runner.collect(step)

@@ -15,6 +15,7 @@ gloo connection ends a pending receive with an error either way.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -42,10 +43,8 @@ class WorkerArgs:
 
 def _die_with_parent() -> None:
     parent = os.getppid()
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
     def watch() -> None:
         while os.getppid() == parent:

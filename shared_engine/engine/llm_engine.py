@@ -9,13 +9,13 @@ import time
 from shared_engine.config import EngineConfig
 from shared_engine.core.request import Request, RequestStatus
 from shared_engine.core.scheduler import build_scheduler
+from shared_engine.distributed.tp_executor import make_model_runner
 from shared_engine.engine.async_output import AsyncOutputStepper
 from shared_engine.engine.kv_capacity import capacity_line, check_fits, num_kv_blocks
 from shared_engine.engine.output_builder import OutputBuilder
 from shared_engine.engine.request_validator import validate_request
 from shared_engine.engine.stats import EngineStats
 from shared_engine.engine.tokenizer import load_tokenizer
-from shared_engine.distributed.tp_executor import make_model_runner
 from shared_engine.model_executor.model_runner import StepResult
 from shared_engine.model_loader.model_source import resolve_model
 from shared_engine.outputs import RequestOutput

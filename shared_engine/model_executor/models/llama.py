@@ -45,7 +45,8 @@ class LlamaAttention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = qkv_parallel_linear(arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim, part,
                                             arch.attention_bias)
-        self.o_proj = o_parallel_linear(arch.num_heads, arch.head_dim, part, arch.hidden_size)  # all-reduces over the ranks
+        # o_proj sums the ranks' partial outputs (one all-reduce per attention block)
+        self.o_proj = o_parallel_linear(arch.num_heads, arch.head_dim, part, arch.hidden_size)
         self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.rotary = rotary
