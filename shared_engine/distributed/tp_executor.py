@@ -44,17 +44,18 @@ class TPWorkerError(RuntimeError):
     """A tensor-parallel worker process is gone; the engine cannot run another step."""
 
 
-def make_model_runner(config: EngineConfig, source):
-    """A `ModelRunner` (TP=1) or a `TPExecutor` driving `tensor_parallel_size` ranks."""
+def make_model_runner(config: EngineConfig, source, grammar=None):
+    """A `ModelRunner` (TP=1) or a `TPExecutor` driving `tensor_parallel_size` ranks. `grammar` (structured
+    outputs) is rank 0's: only rank 0 samples."""
     from shared_engine.model_executor.model_runner import ModelRunner
 
     if config.parallel.tensor_parallel_size == 1:
-        return ModelRunner(config, source)
-    return TPExecutor(config, source)
+        return ModelRunner(config, source, grammar)
+    return TPExecutor(config, source, grammar)
 
 
 class TPExecutor:
-    def __init__(self, config: EngineConfig, source) -> None:
+    def __init__(self, config: EngineConfig, source, grammar=None) -> None:
         from shared_engine.model_executor.model_runner import ModelRunner
 
         tp = config.parallel.tensor_parallel_size
@@ -71,7 +72,7 @@ class TPExecutor:
         self._finalizer = weakref.finalize(self, _stop, self.workers, self.monitor, self._stop_state)
         try:
             init_tensor_parallel(0, tp, port, device_type)
-            self.runner = ModelRunner(config, source)
+            self.runner = ModelRunner(config, source, grammar)
         except BaseException:
             self._finalizer()
             raise
