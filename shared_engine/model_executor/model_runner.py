@@ -22,6 +22,7 @@ from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
 from shared_engine.model_loader.model_source import ModelSource
 from shared_engine.model_loader.weight_loader import init_dummy, load_safetensors
+from shared_engine.outputs import Logprob
 from shared_engine.sampling.grammar import GrammarBackend
 from shared_engine.sampling.logits_processors import LogitsProcessors
 from shared_engine.sampling.sampler import Sampler, SampleResult
@@ -34,8 +35,9 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 @dataclass
 class StepResult:
     sampled: dict[str, SampleResult]  # request id → its new token
-    # request id → (first prompt position, logprob of each prompt token from there; None for position 0)
-    prompt_logprobs: dict[str, tuple[int, list[float | None]]]
+    # request id → (first prompt position, from there per position the prompt token's and the top
+    # `prompt_logprobs` tokens' logprobs with ranks; None for position 0)
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob] | None]]]
 
 
 @dataclass
@@ -47,7 +49,7 @@ class LaunchedStep:
     token_ids: torch.Tensor | None  # [num_sampled] int64 on the host (pinned on CUDA), filled asynchronously
     copied: torch.cuda.Event | None  # recorded after the device-to-host copy of the token ids (CUDA)
     raw_logprobs: torch.Tensor | None  # [num_sampled, vocab] fp32 on the device, when logprobs were asked
-    prompt_logprobs: dict[str, tuple[int, list[float | None]]]
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob] | None]]]
     # (start, end) timing events of the step's device work (CUDA). Events mark the stream, not the host: a
     # step launched while the previous one runs starts timing when the device reaches it.
     span: tuple | None
@@ -238,16 +240,32 @@ class ModelRunner:
                 count = end - item.start_position
                 logprobs = torch.log_softmax(self.model.compute_logits(hidden[offset : offset + count]), dim=-1)
                 targets = request.prompt_token_ids[item.start_position + 1 : end + 1]
-                values = logprobs[torch.arange(len(targets)), torch.tensor(targets, dtype=torch.long)].tolist()
+                entries = _prompt_entries(logprobs[: len(targets)], targets, request.sampling_params.prompt_logprobs)
                 if item.start_position == 0:
-                    result[request.request_id] = (0, [None, *values])
+                    result[request.request_id] = (0, [None, *entries])
                 else:
-                    result[request.request_id] = (item.start_position + 1, values)
+                    result[request.request_id] = (item.start_position + 1, entries)
             offset += n
         return result
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)
+
+
+def _prompt_entries(logprobs: torch.Tensor, targets: list[int], k: int) -> list[dict[int, Logprob]]:
+    """`logprobs` `[len(targets), vocab]` fp32: per position the target's logprob and rank and the top `k`
+    (ranks 1..k), as generated tokens' entries are."""
+    target = torch.tensor(targets, dtype=torch.long, device=logprobs.device)
+    chosen = logprobs.gather(1, target[:, None])  # [n, 1]
+    ranks = ((logprobs > chosen).sum(dim=1) + 1).tolist()
+    top_values, top_ids = logprobs.topk(k, dim=1) if k > 0 else (None, None)
+    entries = []
+    for i, (token, value) in enumerate(zip(targets, chosen[:, 0].tolist())):
+        entry = {} if k == 0 else {t: Logprob(v, rank=r + 1) for r, (t, v) in
+                                   enumerate(zip(top_ids[i].tolist(), top_values[i].tolist()))}
+        entry[token] = Logprob(value, rank=ranks[i])
+        entries.append(entry)
+    return entries
 
 
 def resolve_dtype(dtype: str, device_type: str) -> str:

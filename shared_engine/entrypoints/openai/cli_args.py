@@ -30,6 +30,10 @@ _HELP = {
     "served_model_name": "name in responses and the model_name metric label (default: the model)",
     "api_key": "bearer token required on /v1/* (env fallback: SHARED_ENGINE_API_KEY, VLLM_API_KEY)",
     "max_request_body_bytes": "larger request bodies get 413",
+    "cache_salt_from_api_key": "derive each request's cache_salt from the API key it presents (HMAC under "
+    "--cache-salt-secret), so tenants never share prefix-cache blocks",
+    "cache_salt_secret": "secret for --cache-salt-from-api-key (env fallback: SHARED_ENGINE_CACHE_SALT_SECRET; "
+    "default: random per process)",
     "max_n": "largest n accepted",
     "max_logprobs": "cap on logprobs / top_logprobs",
     "disable_frontend_multiprocessing": "run the engine in the API server's process (a thread) instead of "
