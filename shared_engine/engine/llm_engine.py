@@ -75,14 +75,17 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None, arrival_time: float | None = None,
-                    cache_salt: str | None = None, final_only: bool = False) -> None:
+                    cache_salt: str | None = None, final_only: bool = False, lora_request=None) -> None:
         """Queue a request (fanned out into `params.n` sequences). With `final_only`, `step()` returns
         its output once, when it has finished (the offline API); otherwise after every new token.
 
+        `lora_request` (a `shared_engine.lora.LoRARequest`) runs the request on that adapter (needs
+        `enable_lora`); its weights are read into the CPU cache here, so a bad adapter is refused now.
+
         Raises:
             ValueError: an empty prompt, a prompt + max_tokens over max_model_len, sampling parameters
-                out of range, an invalid grammar or schema, or an id in use. The engine keeps serving
-                everyone else.
+                out of range, an invalid grammar or schema, an id in use, or an adapter that cannot be
+                loaded (`LoRAValidationError`). The engine keeps serving everyone else.
         """
         max_tokens = validate_request(prompt_token_ids, params, self.max_model_len, self.config.model.max_logprobs,
                                       self.source.arch.vocab_size)
@@ -93,14 +96,19 @@ class LLMEngine:
             if self.grammar is None:
                 raise ValueError("structured outputs need a tokenizer; this model has none")
             self.grammar.validate(params.structured_outputs)
+        if lora_request is not None and self.runner.lora is None:
+            raise ValueError(f"adapter {lora_request.lora_name!r} requested but LoRA is not enabled (enable_lora)")
         arrival = time.time() if arrival_time is None else arrival_time
         children = []
         for index, child_id in enumerate(child_ids):
             children.append(Request(
                 request_id=child_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params,
                 max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=arrival,
-                parent_id=request_id, index=index, cache_salt=cache_salt,
+                parent_id=request_id, index=index, cache_salt=cache_salt, lora_request=lora_request,
             ))
+        if lora_request is not None:
+            for child in children:  # the first raises for a bad adapter; the rest find it cached
+                self.runner.lora.acquire(child.request_id, lora_request)
         self.outputs.add_group(request_id, prompt, children, final_only)
         for child in children:
             self.scheduler.add_request(child)

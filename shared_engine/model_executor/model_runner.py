@@ -20,6 +20,7 @@ from shared_engine.model_executor.cuda_graph_runner import (
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
+from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_entries
 from shared_engine.model_loader.model_source import ModelSource
 from shared_engine.model_loader.weight_loader import init_dummy, load_safetensors
 from shared_engine.outputs import Logprob
@@ -72,6 +73,11 @@ class ModelRunner:
         started = time.perf_counter()
         self.model = self._load(source)
         self.load_seconds = time.perf_counter() - started
+        self.lora = None  # LoRAManager with enable_lora: the CPU cache and GPU slots of adapters
+        if config.lora.enable_lora:
+            from shared_engine.lora.lora_manager import LoRAManager
+
+            self.lora = LoRAManager(self.model, config.lora, self.arch, config.scheduler.token_budget)
         self.kv_caches: list[torch.Tensor] = []
         self.graph_runner: CudaGraphRunner | None = None
         self.compile_seconds = 0.0  # first forward pass (Triton JIT) during profiling
@@ -126,8 +132,12 @@ class ModelRunner:
         out = SchedulerOutput([ScheduledRequest(request, [0] * num_tokens, 0, list(range(num_blocks)), True)],
                               num_batched_tokens=num_tokens)
         inputs = build_inputs(out, self.block_size, self.device)
+        if self.lora is not None:  # profile the LoRA layers' activations too
+            self.lora.ctx.active = True
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         self.model.compute_logits(hidden[inputs.sample_indices])
+        rows = min(PROMPT_LOGPROBS_CHUNK, num_tokens)  # one prompt-logprobs chunk counts in the peak
+        prompt_token_entries(self.model.compute_logits, hidden[:rows], [0] * rows, self.config.model.max_logprobs)
         torch.cuda.synchronize(self.device)
         self.kv_caches = []
         del hidden
@@ -157,6 +167,8 @@ class ModelRunner:
             return
         started = time.perf_counter()
         max_len = cfg.model.max_model_len
+        if self.lora is not None:  # graphs always run the LoRA layers (a zero mask for base-model tokens)
+            self.lora.ctx.active = True
         with torch.inference_mode():
             self.graph_runner = CudaGraphRunner(
                 self.model, self.kv_caches, self.backend, decode_sizes=decode_sizes,
@@ -185,6 +197,8 @@ class ModelRunner:
         span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade)
         inputs.patch_placeholders(None if previous is None else previous.tokens)
+        if self.lora is not None:
+            self.lora.prepare(out)
         self.cascade_steps += inputs.meta.use_cascade
         if cuda:
             span[0].record()
@@ -229,7 +243,8 @@ class ModelRunner:
         return StepResult(sampled, step.prompt_logprobs)
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, inputs) -> dict[str, list]:
-        """Log-probability of each prompt token given the ones before it (for `prompt_logprobs`/echo)."""
+        """Log-probability of each prompt token given the ones before it (for `prompt_logprobs`/echo), in
+        chunks of bounded memory (prompt_logprobs.py)."""
         result = {}
         offset = 0
         for item in out.scheduled:
@@ -237,10 +252,9 @@ class ModelRunner:
             request = item.request
             if request.sampling_params.prompt_logprobs is not None and item.start_position < request.num_prompt_tokens:
                 end = min(item.context_len, request.num_prompt_tokens)
-                count = end - item.start_position
-                logprobs = torch.log_softmax(self.model.compute_logits(hidden[offset : offset + count]), dim=-1)
                 targets = request.prompt_token_ids[item.start_position + 1 : end + 1]
-                entries = _prompt_entries(logprobs[: len(targets)], targets, request.sampling_params.prompt_logprobs)
+                entries = prompt_token_entries(self.model.compute_logits, hidden[offset : offset + len(targets)],
+                                               targets, request.sampling_params.prompt_logprobs)
                 if item.start_position == 0:
                     result[request.request_id] = (0, [None, *entries])
                 else:
@@ -250,22 +264,8 @@ class ModelRunner:
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)
-
-
-def _prompt_entries(logprobs: torch.Tensor, targets: list[int], k: int) -> list[dict[int, Logprob]]:
-    """`logprobs` `[len(targets), vocab]` fp32: per position the target's logprob and rank and the top `k`
-    (ranks 1..k), as generated tokens' entries are."""
-    target = torch.tensor(targets, dtype=torch.long, device=logprobs.device)
-    chosen = logprobs.gather(1, target[:, None])  # [n, 1]
-    ranks = ((logprobs > chosen).sum(dim=1) + 1).tolist()
-    top_values, top_ids = logprobs.topk(k, dim=1) if k > 0 else (None, None)
-    entries = []
-    for i, (token, value) in enumerate(zip(targets, chosen[:, 0].tolist())):
-        entry = {} if k == 0 else {t: Logprob(v, rank=r + 1) for r, (t, v) in
-                                   enumerate(zip(top_ids[i].tolist(), top_values[i].tolist()))}
-        entry[token] = Logprob(value, rank=ranks[i])
-        entries.append(entry)
-    return entries
+        if self.lora is not None:
+            self.lora.release(request_id)
 
 
 def resolve_dtype(dtype: str, device_type: str) -> str:

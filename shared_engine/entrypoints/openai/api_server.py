@@ -106,9 +106,9 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
         ctx.check_model(body.model)
         tokenizer = ctx.need_tokenizer()
         if body.messages is not None:
-            ids = render_chat(tokenizer, body.messages, body.add_generation_prompt, body.tools)
+            ids = await ctx.off_loop(render_chat, tokenizer, body.messages, body.add_generation_prompt, body.tools)
         elif body.prompt is not None:
-            ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            ids = await ctx.off_loop(lambda: tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
         else:
             raise bad_request("give prompt or messages")
         return TokenizeResponse(count=len(ids), max_model_len=async_engine.max_model_len, tokens=ids)
@@ -119,7 +119,7 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
         vocab = async_engine.source.arch.vocab_size
         if any(t >= vocab for t in body.tokens):
             raise bad_request(f"token ids must be in [0, {vocab})", "tokens")
-        return DetokenizeResponse(prompt=ctx.need_tokenizer().decode(body.tokens))
+        return DetokenizeResponse(prompt=await ctx.off_loop(ctx.need_tokenizer().decode, body.tokens))
 
     @app.get("/version", response_model=VersionResponse)
     async def version():

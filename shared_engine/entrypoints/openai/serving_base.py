@@ -1,14 +1,16 @@
 """What the completions and chat handlers share: the served model name, request → `SamplingParams`,
-request ids, cache salts, usage, and the streaming response wrapper."""
+request ids, cache salts, tokenisation off the event loop, usage, and the streaming response wrapper."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import re
 import secrets
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi.responses import StreamingResponse
 
@@ -17,6 +19,7 @@ from shared_engine.entrypoints.openai.errors import APIError, bad_request
 from shared_engine.entrypoints.openai.logprobs import TokenText
 from shared_engine.entrypoints.openai.metrics import ServerMetrics
 from shared_engine.entrypoints.openai.protocol import PromptTokensDetails, SamplingFields, Usage
+from shared_engine.entrypoints.openai.request_limits import check_stop_limits
 from shared_engine.entrypoints.openai.server_config import ServerConfig
 from shared_engine.entrypoints.openai.streaming import SSE_MEDIA_TYPE
 from shared_engine.outputs import RequestOutput
@@ -25,6 +28,12 @@ from shared_engine.sampling_params import SamplingParams, StructuredOutputsParam
 
 # SamplingParams' messages start with the field's name: the 400's `param`
 _FIELD = re.compile(r"^([a-z_]+)\b")
+
+# Tokenisation and chat templating run here, not on the event loop: a 7 MB prompt takes seconds to
+# tokenise, and /health, streams and other requests must not wait for it. Hugging Face fast tokenizers
+# release the GIL while encoding. Two workers: a huge prompt delays other prompts' tokenisation by at most
+# half the pool.
+TOKENIZER_WORKERS = 2
 
 
 class ServingContext:
@@ -40,6 +49,11 @@ class ServingContext:
         # the engine's EOS ids are not known here; the validation below does not depend on them
         self.grammar = GrammarBackend(self.tokenizer, vocab, ()) if self.tokenizer is not None else None
         self._salt_secret = (server_config.resolved_cache_salt_secret() or secrets.token_hex(32)).encode()
+        self._pool = ThreadPoolExecutor(TOKENIZER_WORKERS, thread_name_prefix="tokenizer")
+
+    async def off_loop(self, fn: Callable, *args):
+        """`fn(*args)` in the tokenizer pool, awaited (exceptions propagate)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     @property
     def max_model_len(self) -> int:
@@ -85,41 +99,52 @@ class ServingContext:
                         prompt_logprobs: int | None = None,
                         structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         """Raises `APIError` 400 for values the engine does not accept, naming the field."""
-        if req.n > self.server_config.max_n:
-            raise bad_request(f"n must be at most {self.server_config.max_n}, got {req.n}", "n")
-        try:
-            bias = {int(k): v for k, v in (req.logit_bias or {}).items()}
-        except ValueError as e:
-            raise bad_request("logit_bias keys must be token ids (integers as strings)", "logit_bias") from e
-        if prompt_logprobs is None or (req.prompt_logprobs is not None and req.prompt_logprobs > prompt_logprobs):
-            prompt_logprobs = req.prompt_logprobs
-        try:
-            return SamplingParams(
-                n=req.n,
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=req.top_k,
-                min_p=req.min_p or 0.0,
-                presence_penalty=req.presence_penalty or 0.0,
-                frequency_penalty=req.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-                seed=req.seed,
-                max_tokens=max_tokens,
-                min_tokens=req.min_tokens,
-                stop=req.stop,
-                stop_token_ids=req.stop_token_ids,
-                ignore_eos=req.ignore_eos,
-                logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
-                logit_bias=bias or None,
-                structured_outputs=structured_outputs,
-                include_stop_str_in_output=req.include_stop_str_in_output,
-                skip_special_tokens=req.skip_special_tokens,
-            )
-        except ValueError as e:
-            match = _FIELD.match(str(e))
-            raise bad_request(str(e), match.group(1) if match and match.group(1) in type(req).model_fields
-                              else None) from e
+        return sampling_params_for(req, max_tokens, self.server_config, logprobs, prompt_logprobs, structured_outputs)
+
+
+def sampling_params_for(req: SamplingFields, max_tokens: int | None, server_config: ServerConfig,
+                        logprobs: int | None = None, prompt_logprobs: int | None = None,
+                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
+    """A request body's sampling fields as `SamplingParams` (also used by `run-batch`, without a server).
+
+    Raises `APIError` 400 for `n` over `max_n`, stop lists past the server's limits, or values the engine
+    does not accept (`param` names the field)."""
+    if req.n > server_config.max_n:
+        raise bad_request(f"n must be at most {server_config.max_n}, got {req.n}", "n")
+    check_stop_limits(server_config, req.stop, req.stop_token_ids)
+    try:
+        bias = {int(k): v for k, v in (req.logit_bias or {}).items()}
+    except ValueError as e:
+        raise bad_request("logit_bias keys must be token ids (integers as strings)", "logit_bias") from e
+    if prompt_logprobs is None or (req.prompt_logprobs is not None and req.prompt_logprobs > prompt_logprobs):
+        prompt_logprobs = req.prompt_logprobs
+    try:
+        return SamplingParams(
+            n=req.n,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p or 0.0,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            logit_bias=bias or None,
+            structured_outputs=structured_outputs,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens,
+        )
+    except ValueError as e:
+        match = _FIELD.match(str(e))
+        raise bad_request(str(e), match.group(1) if match and match.group(1) in type(req).model_fields
+                          else None) from e
 
 
 def new_id(prefix: str) -> str:

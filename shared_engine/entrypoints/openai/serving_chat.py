@@ -24,6 +24,7 @@ from shared_engine.entrypoints.openai.protocol import (
     ResponseMessage,
 )
 from shared_engine.entrypoints.openai.protocol_tools import DeltaFunctionCall, DeltaToolCall
+from shared_engine.entrypoints.openai.request_limits import check_prompt_tokens
 from shared_engine.entrypoints.openai.serving_base import ServingContext, event_stream, usage
 from shared_engine.entrypoints.openai.streaming import DONE, ChoiceCursor, sse, visible_text
 from shared_engine.entrypoints.openai.structured import named_tool, structured_outputs, tool_mode
@@ -40,7 +41,6 @@ class ServingChat:
         ctx.check_model(req.model)
         mode = tool_mode(req)
         tools = req.tools if mode is not None else None
-        ids = render_chat(ctx.need_tokenizer(), req.messages, req.add_generation_prompt, tools)
         structured, param = structured_outputs(req, mode)
         ctx.check_structured(structured, param)
         k = self._top_logprobs(req)
@@ -48,6 +48,8 @@ class ServingChat:
         params = ctx.sampling_params(req, max_tokens, logprobs=k, structured_outputs=structured)
         if req.prompt_logprobs is not None and req.stream:
             raise bad_request("prompt_logprobs is not supported with stream", "prompt_logprobs")
+        ids = await ctx.off_loop(render_chat, ctx.need_tokenizer(), req.messages, req.add_generation_prompt, tools)
+        check_prompt_tokens(ctx.server_config, [len(ids)], req.n, "messages")
         run = GenerationRun(ctx.async_engine, ctx.metrics, ctx.base_id("chatcmpl", req),
                             [Job(ids, params, cache_salt=ctx.cache_salt(req, request))])
         run.start()
