@@ -29,6 +29,7 @@ def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: 
         raise ValueError("the tokenizer has no chat template")
     if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
         raise ValueError("messages must be a list of {'role': ..., 'content': ...} objects")
+    extra = {} if tools is None else {"tools": tools}
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                         tools=tools)
+                                         **extra)
     return tokenizer.encode(text, add_special_tokens=False)
