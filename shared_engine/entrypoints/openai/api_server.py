@@ -57,6 +57,7 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
     model_name = async_engine.config.model.served_model_name or async_engine.source.name
     metrics = ServerMetrics(async_engine, model_name)
     async_engine.on_step = metrics.on_step
+    async_engine.heartbeat.timeout_s = server_config.health_timeout_s
     ctx = ServingContext(async_engine, metrics, model_name, server_config)
     completions, chat = ServingCompletions(ctx), ServingChat(ctx)
 
@@ -96,7 +97,7 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
         return model_card()
 
     @app.get("/health", responses={200: {"content": {"application/json": {}}}, **error_responses(503)},
-             summary="200 while the engine runs, 503 after it failed")
+             summary="200 while the engine runs, 503 after it failed or hung (no heartbeat for health_timeout_s)")
     async def health():
         if not async_engine.healthy:
             return error_response(503, f"the engine is not healthy: {async_engine.error!r}")

@@ -82,7 +82,7 @@ class GenerationRun:
         """(prompt index, output) until every request finished.
 
         Raises:
-            APIError: 500 when the engine failed, 400 when it rejected a request.
+            APIError: 503 when the engine failed (dead or hung), 400 when it rejected a request.
             ClientDisconnected: a request was aborted.
         """
         while self._open:
@@ -90,7 +90,7 @@ class GenerationRun:
             if item is None:
                 raise ClientDisconnected()
             if isinstance(item, EngineDeadError):
-                raise APIError(500, str(item))
+                raise APIError(503, str(item))
             if isinstance(item, BaseException):
                 raise bad_request(str(item))
             self.trackers[rid].on_output(item)
