@@ -104,10 +104,17 @@ class ModelRunner:
     def _load(self, source: ModelSource) -> torch.nn.Module:
         torch.manual_seed(self.config.model.seed)
         model_cls = get_model_class(self.arch.architecture)
-        with torch.device(self.device):
-            max_position = self.config.model.max_model_len or self.arch.max_position_embeddings
-            model = model_cls(self.arch, max_position=max_position)
-        model.to(self.dtype)
+        # parameters are created in the model's dtype: an fp32 copy first would need twice the memory (the
+        # rank's 35B parameters of llama-3.1-70b at TP=2 take 141 GB in fp32, more than an H200 holds)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                max_position = self.config.model.max_model_len or self.arch.max_position_embeddings
+                model = model_cls(self.arch, max_position=max_position)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        model.to(self.dtype)  # buffers built in fp32 (the RoPE table, made fp32 again below)
         self.num_kv_heads = model.model.layers[0].self_attn.num_kv_heads  # this rank's share (distributed/partition.py)
         for module in model.modules():  # the RoPE table stays fp32 (the rotary kernel reads fp32 cos/sin)
             if isinstance(module, RotaryEmbedding):
