@@ -56,6 +56,8 @@ _HELP = {
     "async_scheduling": "schedule and launch step n+1 before step n's sampled tokens reach the host, so the "
     "device does not wait for scheduling or input building (vLLM's flag; implies async output processing; "
     "default: on for CUDA, off on the CPU; engine/async_output.py)",
+    "tensor_parallel_size": "GPUs (CPU: processes) that each layer is sharded over, one worker process per rank "
+    "(torch.distributed: NCCL on CUDA, gloo on the CPU; README 'Tensor parallelism')",
     "disable_cascade_attn": "CUDA: no cascade attention (decodes sharing a prefix-cached prompt prefix of >= 256 "
     "tokens read it once per batch, not once per sequence)",
 }
