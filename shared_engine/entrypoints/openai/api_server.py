@@ -1,7 +1,8 @@
 """The FastAPI app (`create_app`) and `run_server` behind `python -m shared_engine serve`.
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`,
-`GET /metrics`, `POST /tokenize`, `POST /detokenize`, `GET /version`.
+`GET /metrics`, `POST /tokenize`, `POST /detokenize`, `GET /version`; with LoRA and runtime updating,
+`POST /v1/load_lora_adapter`, `POST /v1/unload_lora_adapter` (serving_lora.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ from shared_engine.entrypoints.openai.server_config import ServerConfig
 from shared_engine.entrypoints.openai.serving_base import ServingContext
 from shared_engine.entrypoints.openai.serving_chat import ServingChat, render_chat
 from shared_engine.entrypoints.openai.serving_completions import ServingCompletions
+from shared_engine.entrypoints.openai.serving_lora import (
+    ADMIN_PATHS,
+    adapter_cards,
+    build_registry,
+    install_lora_routes,
+)
 
 logger = logging.getLogger("shared_engine.server")
 
@@ -52,6 +59,7 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
     async_engine.on_step = metrics.on_step
     ctx = ServingContext(async_engine, metrics, model_name, server_config)
     completions, chat = ServingCompletions(ctx), ServingChat(ctx)
+    ctx.loras = build_registry(async_engine, model_name, server_config)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -78,7 +86,7 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
     async def list_models():
         card = ModelCard(id=model_name, root=async_engine.source.name, max_model_len=async_engine.max_model_len,
                          vocab_size=async_engine.source.arch.vocab_size)
-        return ModelList(data=[card])
+        return ModelList(data=[card, *adapter_cards(ctx.loras, model_name, async_engine.max_model_len)])
 
     @app.get("/health", responses={200: {"content": {"application/json": {}}}, **error_responses(503)},
              summary="200 while the engine runs, 503 after it failed")
@@ -116,11 +124,13 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
     async def version():
         return VersionResponse(version=shared_engine.__version__, engine_config=async_engine.config.to_flat())
 
+    if ctx.loras is not None and server_config.allow_runtime_lora_updating:
+        install_lora_routes(app, ctx.loras, server_config.resolved_lora_admin_key())
     install_openapi(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=server_config.max_request_body_bytes)
     api_key = server_config.resolved_api_key()
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, exempt=ADMIN_PATHS)
     return app
 
 

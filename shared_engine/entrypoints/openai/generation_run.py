@@ -22,6 +22,7 @@ class Job:
     prompt_token_ids: list[int]
     params: SamplingParams
     prompt: str | None = None
+    lora_request: object | None = None  # LoRARequest: the adapter the request's `model` named
 
 
 class ClientDisconnected(Exception):
@@ -56,7 +57,8 @@ class GenerationRun:
             for job in self.jobs:
                 self.engine.check_request(job.prompt_token_ids, job.params)
             for rid, job in zip(self.request_ids, self.jobs):
-                self.engine.add_request(rid, job.prompt_token_ids, job.params, job.prompt, stream=self.queue)
+                self.engine.add_request(rid, job.prompt_token_ids, job.params, job.prompt, stream=self.queue,
+                                        lora_request=job.lora_request)
                 self._open.add(rid)
         except ValueError as e:
             self.abort()

@@ -9,14 +9,16 @@ from shared_engine.entrypoints.openai.errors import error_response
 
 
 class ApiKeyMiddleware:
-    """`Authorization: Bearer <key>` on `/v1/*`, compared in constant time; other routes stay open."""
+    """`Authorization: Bearer <key>` on `/v1/*`, compared in constant time; other routes stay open, and so
+    do the `exempt` paths (the LoRA admin routes, which check their own admin key)."""
 
-    def __init__(self, app, api_key: str) -> None:
+    def __init__(self, app, api_key: str, exempt: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.exempt = exempt
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and scope["path"] not in self.exempt:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 response = error_response(401, "missing or invalid API key (Authorization: Bearer <key>)",

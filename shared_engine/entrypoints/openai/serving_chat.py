@@ -54,13 +54,13 @@ class ServingChat:
 
     async def create(self, req: ChatCompletionRequest, request: Request) -> Response:
         ctx = self.ctx
-        ctx.check_model(req.model)
+        lora = ctx.resolve_model(req.model)
         k = self._top_logprobs(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = ctx.sampling_params(req, max_tokens, logprobs=k)
         ids = await ctx.off_loop(render_chat, ctx.need_tokenizer(), req.messages, req.add_generation_prompt)
         check_prompt_tokens(ctx.server_config, [len(ids)], req.n, "messages")
-        run = GenerationRun(ctx.async_engine, ctx.metrics, new_id("chatcmpl"), [Job(ids, params)])
+        run = GenerationRun(ctx.async_engine, ctx.metrics, new_id("chatcmpl"), [Job(ids, params, lora_request=lora)])
         run.start()
         if req.stream:
             return event_stream(self._stream(run, req, request))

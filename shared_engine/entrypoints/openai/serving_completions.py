@@ -27,7 +27,7 @@ class ServingCompletions:
 
     async def create(self, req: CompletionRequest, request: Request) -> Response:
         ctx = self.ctx
-        ctx.check_model(req.model)
+        lora = ctx.resolve_model(req.model)
         scoring = req.max_tokens == 0
         if scoring and not req.echo:
             raise bad_request("max_tokens must be at least 1 (0 is allowed only with echo)", "max_tokens")
@@ -36,7 +36,7 @@ class ServingCompletions:
         prompts = await self._prompts(req.prompt)
         check_prompt_tokens(ctx.server_config, [len(ids) for _, ids in prompts], req.n, "prompt")
         run = GenerationRun(ctx.async_engine, ctx.metrics, new_id("cmpl"),
-                            [Job(ids, params, text) for text, ids in prompts])
+                            [Job(ids, params, text, lora) for text, ids in prompts])
         run.start()
         if req.stream:
             return event_stream(self._stream(run, req, prompts, scoring, request))
