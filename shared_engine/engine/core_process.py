@@ -16,14 +16,18 @@ Protocol, over two one-way `multiprocessing` pipes (pickled tuples):
                                                            after every step (deltas: output_delta.py)
                   ("rejected", request_id, message)        add_request raised ValueError
                   ("stats", EngineSnapshot, num_adds_seen) after commands handled while idle
-                  ("dead", message)                        a step raised; the process then exits
+                  ("dead", message)                        a step raised, or a tensor-parallel worker
+                                                           died; the process then exits
 The core exits on "shutdown", when the API side's pipe closes (the API process is gone), or after "dead".
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
+import threading
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -62,7 +66,11 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
         logger.exception("engine core failed to start")
         results.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    results.send(("ready", EngineInfo(engine.config, engine.source, engine.max_model_len)))
+    send = _LockedSender(results)
+    add_failure_callback = getattr(engine.runner, "add_failure_callback", None)  # tensor parallelism
+    if add_failure_callback is not None:
+        add_failure_callback(lambda reason: _die(send, reason))
+    send(("ready", EngineInfo(engine.config, engine.source, engine.max_model_len)))
     encoder = OutputDeltaEncoder()
     num_adds_seen = 0
     last_tokens = 0
@@ -81,25 +89,47 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
                     try:
                         engine.add_request(request_id, ids, params, prompt=prompt, lora_request=lora_request)
                     except ValueError as exc:
-                        results.send(("rejected", request_id, str(exc)))
+                        send(("rejected", request_id, str(exc)))
                 elif kind == "abort":
                     engine.abort_request(command[1])
                     encoder.forget(command[1])
                 elif kind == "shutdown":
+                    engine.shutdown()
                     return
             if not engine.has_unfinished_requests():
                 if handled:
-                    results.send(("stats", EngineSnapshot.of(engine), num_adds_seen))
+                    send(("stats", EngineSnapshot.of(engine), num_adds_seen))
                 continue
             try:
                 outputs = engine.step()
             except BaseException as exc:  # noqa: BLE001 - any failure kills the engine, not the server
                 logger.exception("engine step failed; failing in-flight requests")
-                results.send(("dead", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"))
+                send(("dead", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"))
                 return
             snapshot = EngineSnapshot.of(engine)
             num_tokens = snapshot.tokens_total - last_tokens
             last_tokens = snapshot.tokens_total
-            results.send(("step", [encoder.encode(o) for o in outputs], snapshot, num_adds_seen, num_tokens))
+            send(("step", [encoder.encode(o) for o in outputs], snapshot, num_adds_seen, num_tokens))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         logger.info("engine core: the API process went away; exiting")
+        engine.shutdown()
+
+
+class _LockedSender:
+    """`results.send` for two threads: the engine loop and the tensor-parallel worker monitor."""
+
+    def __init__(self, results: Connection) -> None:
+        self._results, self._lock = results, threading.Lock()
+
+    def __call__(self, message: tuple) -> None:
+        with self._lock:
+            self._results.send(message)
+
+
+def _die(send: _LockedSender, reason: str) -> None:
+    """A tensor-parallel worker died (monitor thread): report the engine dead and exit now, even while the
+    engine loop waits in a collective that would only fail at its timeout (NCCL)."""
+    with contextlib.suppress(OSError):
+        send(("dead", f"{reason}; the engine core stopped"))
+    logging.shutdown()
+    os._exit(1)

@@ -9,13 +9,15 @@ import time
 from shared_engine.config import EngineConfig
 from shared_engine.core.request import Request, RequestStatus
 from shared_engine.core.scheduler import build_scheduler
+from shared_engine.distributed.partition import head_partition
+from shared_engine.distributed.tp_executor import make_model_runner
 from shared_engine.engine.async_output import AsyncOutputStepper
 from shared_engine.engine.kv_capacity import capacity_line, check_fits, num_kv_blocks
 from shared_engine.engine.output_builder import OutputBuilder
 from shared_engine.engine.request_validator import validate_request
 from shared_engine.engine.stats import EngineStats
 from shared_engine.engine.tokenizer import load_tokenizer
-from shared_engine.model_executor.model_runner import ModelRunner, StepResult
+from shared_engine.model_executor.model_runner import StepResult
 from shared_engine.model_loader.model_source import resolve_model
 from shared_engine.outputs import RequestOutput
 from shared_engine.sampling.grammar import GrammarBackend
@@ -37,7 +39,7 @@ class LLMEngine:
         self.eos_token_ids = frozenset(self._eos_ids())
         self.grammar = (GrammarBackend(self.tokenizer, self.source.arch.vocab_size, self.eos_token_ids)
                         if self.tokenizer is not None else None)
-        self.runner = ModelRunner(config, self.source, self.grammar)
+        self.runner = make_model_runner(config, self.source, self.grammar)  # a TPExecutor when TP > 1
         num_blocks = num_kv_blocks(config, self.runner.kv_bytes_per_block, self.runner.free_kv_bytes())
         check_fits(num_blocks, config.cache.block_size, self.max_model_len)
         self.runner.allocate_kv_cache(num_blocks)
@@ -65,6 +67,19 @@ class LLMEngine:
         if not s.enable_chunked_prefill and s.token_budget < config.model.max_model_len:
             raise ValueError(f"without chunked prefill max_num_batched_tokens ({s.token_budget}) must be >= "
                              f"max_model_len ({config.model.max_model_len})")
+        tp = config.parallel.tensor_parallel_size
+        if tp > 1:
+            head_partition(self.source.arch.num_heads, self.source.arch.num_kv_heads, tp, 0)  # ValueError if no split
+            if config.lora.enable_lora:
+                raise ValueError("enable_lora is not supported with tensor_parallel_size > 1 (the LoRA layers are "
+                                 "not sharded across ranks)")
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (they also stop when the engine is collected
+        or the process exits)."""
+        shutdown = getattr(self.runner, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
     def _eos_ids(self) -> set[int]:
         ids = self.source.generation_eos_ids()

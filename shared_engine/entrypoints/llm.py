@@ -20,7 +20,8 @@ class LLM:
 
     `LLM(model=None, **engine_args)`: `model` None is the embedded default (SmolLM2-135M-Instruct); every
     other keyword is an engine setting by its flat name (`max_num_seqs`, `block_size`, `kv_cache_memory`,
-    `num_gpu_blocks_override`, `max_model_len`, `dtype`, `device`, `load_format`, ...).
+    `num_gpu_blocks_override`, `max_model_len`, `dtype`, `device`, `load_format`,
+    `tensor_parallel_size`, ...).
 
     Raises:
         ValueError: an unknown setting or a value out of range (the message names it).
@@ -37,6 +38,10 @@ class LLM:
         llm.engine = LLMEngine(config)
         llm._ids = itertools.count()
         return llm
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (`tensor_parallel_size` > 1); a no-op otherwise."""
+        self.engine.shutdown()
 
     def get_tokenizer(self):
         return self.engine.tokenizer

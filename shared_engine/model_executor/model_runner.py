@@ -10,6 +10,8 @@ import torch
 
 from shared_engine.config import EngineConfig
 from shared_engine.core.scheduler_output import SchedulerOutput
+from shared_engine.distributed.parallel_state import get_tp_rank, get_tp_world_size, tp_broadcast
+from shared_engine.distributed.partition import max_local_kv_heads
 from shared_engine.model_executor.attention.registry import get_backend
 from shared_engine.model_executor.cuda_graph_runner import (
     MAX_PREFILL_SEQS,
@@ -58,7 +60,17 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, source: ModelSource, grammar: GrammarBackend | None = None) -> None:
         """`grammar` compiles structured-output constraints (None: the model has no tokenizer)."""
         self.config = config
+        tp = config.parallel.tensor_parallel_size
+        if get_tp_world_size() != tp:
+            raise RuntimeError(f"tensor_parallel_size {tp} but this process is in a group of {get_tp_world_size()} "
+                               "ranks (one tensor-parallel engine per process: shut the other one down first)")
         self.device = torch.device(config.device.resolve())
+        if self.device.type == "cuda" and tp > 1:
+            self.device = torch.device("cuda", get_tp_rank())
+        # Rank 0 samples; with async scheduling the other ranks receive its ids (their next step's
+        # placeholder inputs read them), see `_sample`.
+        self.is_driver = get_tp_rank() == 0
+        self.broadcast_sampled = tp > 1 and bool(config.scheduler.async_scheduling)
         self.dtype_name = resolve_dtype(config.model.dtype, self.device.type)
         self.dtype = _TORCH_DTYPES[self.dtype_name]
         self.arch = source.arch
@@ -94,6 +106,7 @@ class ModelRunner:
             max_position = self.config.model.max_model_len or self.arch.max_position_embeddings
             model = model_cls(self.arch, max_position=max_position)
         model.to(self.dtype)
+        self.num_kv_heads = model.model.layers[0].self_attn.num_kv_heads  # this rank's share (distributed/partition.py)
         for module in model.modules():  # the RoPE table stays fp32 (the rotary kernel reads fp32 cos/sin)
             if isinstance(module, RotaryEmbedding):
                 module.cos_sin_cache = module.cos_sin_cache.float()
@@ -142,11 +155,14 @@ class ModelRunner:
 
     @property
     def kv_bytes_per_block(self) -> int:
-        return self.arch.kv_bytes_per_token(self.dtype_name) * self.block_size
+        """Bytes of one KV block on the rank that holds the most KV heads (all ranks share one block table)."""
+        a = self.arch
+        most = max_local_kv_heads(a.num_heads, a.num_kv_heads, self.config.parallel.tensor_parallel_size)
+        return a.kv_bytes_per_token(self.dtype_name) * self.block_size * most // a.num_kv_heads
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """One tensor per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K then V)."""
-        shape = (2, num_blocks, self.block_size, self.arch.num_kv_heads, self.arch.head_dim)
+        shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_layers)]
 
     def capture_cuda_graphs(self) -> None:
@@ -213,7 +229,7 @@ class ModelRunner:
         tokens = token_ids = raw_logprobs = copied = None
         if requests:
             logits = self.model.compute_logits(hidden[inputs.sample_indices])  # [num_sampled, vocab]
-            tokens, raw_logprobs = self.sampler.sample(logits, requests)
+            tokens, raw_logprobs = self._sample(logits, requests)
             if cuda:
                 token_ids = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
                 token_ids.copy_(tokens, non_blocking=True)
@@ -239,6 +255,17 @@ class ModelRunner:
             end.synchronize()
             self.gpu_span_seconds += start.elapsed_time(end) / 1e3
         return StepResult(sampled, step.prompt_logprobs)
+
+    def _sample(self, logits: torch.Tensor, requests: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rank 0's sampler (`Sampler.sample`); the other ranks of a tensor-parallel group sample nothing
+        and, with async scheduling, receive rank 0's ids `[num_sampled]` int64 by broadcast."""
+        if self.is_driver:
+            tokens, raw_logprobs = self.sampler.sample(logits, requests)
+        else:
+            tokens, raw_logprobs = torch.empty(len(requests), dtype=torch.long, device=self.device), None
+        if self.broadcast_sampled:
+            tp_broadcast(tokens)
+        return tokens, raw_logprobs
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, inputs) -> dict[str, list]:
         """Log-probability of each prompt token given the ones before it (for `prompt_logprobs`/echo), in

@@ -179,6 +179,9 @@ class AsyncEngine(AsyncEngineBase):
         sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
         self._loop = loop
         self._stop = False  # a shut-down engine can be started again (one app served by several loops)
+        add_failure_callback = getattr(self.engine.runner, "add_failure_callback", None)  # tensor parallelism
+        if add_failure_callback is not None:
+            add_failure_callback(self._on_worker_failure)
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -191,6 +194,11 @@ class AsyncEngine(AsyncEngineBase):
     @property
     def healthy(self) -> bool:
         return self.error is None and self._thread is not None and self._thread.is_alive()
+
+    def _on_worker_failure(self, reason: str) -> None:
+        """A tensor-parallel worker died (its monitor's thread): fail everyone now, even while idle."""
+        self.error = EngineDeadError(reason)
+        self._loop.call_soon_threadsafe(self._fail_all, self.error)
 
     def snapshot(self) -> EngineSnapshot:
         return EngineSnapshot.of(self.engine)
