@@ -50,7 +50,7 @@ class EngineSnapshot:
 
 
 def _lora_fields(engine) -> dict:
-    manager = engine.runner.lora
+    manager = getattr(engine.runner, "lora", None)  # a tensor-parallel executor has none
     if manager is None:
         return {}
     scheduler = engine.scheduler
