@@ -7,7 +7,7 @@ users (case_rag_chatbot, README "The Fix"): a step took 41 ms in the server agai
 same step alone on the GPU. Here the engine loop has a whole interpreter to itself.
 
 Protocol, over two one-way `multiprocessing` pipes (pickled tuples):
-    API -> core   ("add", request_id, prompt_token_ids, params, prompt, lora_request)
+    API -> core   ("add", request_id, prompt_token_ids, params, prompt, cache_salt, lora_request)
                   ("abort", request_id)
                   ("shutdown",)
     core -> API   ("ready", EngineInfo)                    once, after the engine is built
@@ -16,6 +16,9 @@ Protocol, over two one-way `multiprocessing` pipes (pickled tuples):
                                                            after every step (deltas: output_delta.py)
                   ("rejected", request_id, message)        add_request raised ValueError
                   ("stats", EngineSnapshot, num_adds_seen) after commands handled while idle
+                  ("heartbeat",)                           every idle wait (0.5 s) with nothing else to
+                                                           send: the API side's watchdog (heartbeat.py)
+                                                           declares a silent core hung
                   ("dead", message)                        a step raised, or a tensor-parallel worker
                                                            died; the process then exits
 The core exits on "shutdown", when the API side's pipe closes (the API process is gone), or after "dead".
@@ -84,10 +87,11 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
                 handled = True
                 kind = command[0]
                 if kind == "add":
-                    _, request_id, ids, params, prompt, lora_request = command
+                    _, request_id, ids, params, prompt, cache_salt, lora_request = command
                     num_adds_seen += 1
                     try:
-                        engine.add_request(request_id, ids, params, prompt=prompt, lora_request=lora_request)
+                        engine.add_request(request_id, ids, params, prompt=prompt, cache_salt=cache_salt,
+                                           lora_request=lora_request)
                     except ValueError as exc:
                         send(("rejected", request_id, str(exc)))
                 elif kind == "abort":
@@ -97,8 +101,7 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
                     engine.shutdown()
                     return
             if not engine.has_unfinished_requests():
-                if handled:
-                    send(("stats", EngineSnapshot.of(engine), num_adds_seen))
+                send(("stats", EngineSnapshot.of(engine), num_adds_seen) if handled else ("heartbeat",))
                 continue
             try:
                 outputs = engine.step()
@@ -112,6 +115,11 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
             send(("step", [encoder.encode(o) for o in outputs], snapshot, num_adds_seen, num_tokens))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         logger.info("engine core: the API process went away; exiting")
+        engine.shutdown()
+    except BaseException as exc:  # noqa: BLE001 - a failed command: report it, never leave the API waiting
+        logger.exception("engine core loop failed; failing in-flight requests")
+        with contextlib.suppress(OSError):
+            send(("dead", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"))
         engine.shutdown()
 
 

@@ -106,8 +106,9 @@ class LLMEngine:
         """
         max_tokens = validate_request(prompt_token_ids, params, self.max_model_len, self.config.model.max_logprobs,
                                       self.source.arch.vocab_size)
-        if request_id in self.outputs.groups:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        child_ids = [request_id] if params.n == 1 else [f"{index}_{request_id}" for index in range(params.n)]
+        if any(self.outputs.in_use(rid) for rid in {request_id, *child_ids}):
+            raise ValueError(f"request id {request_id!r} is already in use (by a request or one of its n choices)")
         if params.structured_outputs is not None:
             if self.grammar is None:
                 raise ValueError("structured outputs need a tokenizer; this model has none")
@@ -116,8 +117,7 @@ class LLMEngine:
             raise ValueError(f"adapter {lora_request.lora_name!r} requested but LoRA is not enabled (enable_lora)")
         arrival = time.time() if arrival_time is None else arrival_time
         children = []
-        for index in range(params.n):
-            child_id = request_id if params.n == 1 else f"{index}_{request_id}"
+        for index, child_id in enumerate(child_ids):
             children.append(Request(
                 request_id=child_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params,
                 max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=arrival,
