@@ -64,6 +64,8 @@ _HELP = {
     "lora_modules": "adapters served from the start, as name=path",
     "allow_runtime_lora_updating": "enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter",
     "lora_admin_key": "bearer token for the LoRA admin routes (env fallback: SHARED_ENGINE_LORA_ADMIN_KEY)",
+    "tensor_parallel_size": "GPUs (CPU: processes) that each layer is sharded over, one worker process per rank "
+    "(torch.distributed: NCCL on CUDA, gloo on the CPU; README 'Tensor parallelism')",
     "disable_cascade_attn": "CUDA: no cascade attention (decodes sharing a prefix-cached prompt prefix of >= 256 "
     "tokens read it once per batch, not once per sequence)",
 }
