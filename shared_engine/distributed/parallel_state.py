@@ -65,9 +65,11 @@ def init_tensor_parallel(rank: int, world_size: int, port: int, device_type: str
     _STATE = TPState(rank, world_size, dist.group.WORLD, cpu_group, backend)
 
 
-def destroy_tensor_parallel() -> None:
+def destroy_tensor_parallel(peers_alive: bool = True) -> None:
+    """Leave the process groups. With `peers_alive` False (workers killed) an NCCL group is only dropped:
+    destroying a communicator whose peers are gone can block."""
     global _STATE
-    if _STATE is not None and dist.is_initialized():
+    if _STATE is not None and dist.is_initialized() and (peers_alive or _STATE.backend == "gloo"):
         dist.destroy_process_group()
     _STATE = None
 

@@ -195,4 +195,4 @@ def _stop(workers: dict[int, subprocess.Popen], monitor: WorkerMonitor, state: d
             logger.warning("tensor-parallel worker pid %d did not stop; killing it", proc.pid)
             proc.kill()
             proc.wait()
-    destroy_tensor_parallel()
+    destroy_tensor_parallel(peers_alive=state["graceful"])

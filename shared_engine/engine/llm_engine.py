@@ -68,6 +68,8 @@ class LLMEngine:
             raise ValueError(f"without chunked prefill max_num_batched_tokens ({s.token_budget}) must be >= "
                              f"max_model_len ({config.model.max_model_len})")
         tp = config.parallel.tensor_parallel_size
+        if tp > 1 and config.lora.enable_lora:
+            raise ValueError("enable_lora is not supported with tensor_parallel_size > 1 yet")
         if tp > 1:
             head_partition(self.source.arch.num_heads, self.source.arch.num_kv_heads, tp, 0)  # ValueError if no split
             if config.lora.enable_lora:
@@ -104,18 +106,18 @@ class LLMEngine:
         """
         max_tokens = validate_request(prompt_token_ids, params, self.max_model_len, self.config.model.max_logprobs,
                                       self.source.arch.vocab_size)
-        if request_id in self.outputs.groups:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        child_ids = [request_id] if params.n == 1 else [f"{index}_{request_id}" for index in range(params.n)]
+        if any(self.outputs.in_use(rid) for rid in {request_id, *child_ids}):
+            raise ValueError(f"request id {request_id!r} is already in use (by a request or one of its n choices)")
         if params.structured_outputs is not None:
             if self.grammar is None:
                 raise ValueError("structured outputs need a tokenizer; this model has none")
             self.grammar.validate(params.structured_outputs)
-        if lora_request is not None and self.runner.lora is None:
+        if lora_request is not None and getattr(self.runner, "lora", None) is None:
             raise ValueError(f"adapter {lora_request.lora_name!r} requested but LoRA is not enabled (enable_lora)")
         arrival = time.time() if arrival_time is None else arrival_time
         children = []
-        for index in range(params.n):
-            child_id = request_id if params.n == 1 else f"{index}_{request_id}"
+        for index, child_id in enumerate(child_ids):
             children.append(Request(
                 request_id=child_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params,
                 max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=arrival,

@@ -15,8 +15,10 @@ def load_tokenizer(path: Path | None):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    """Render `messages` with the tokenizer's own chat template and return the prompt token ids.
+def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                        tools: list[dict] | None = None) -> list[int]:
+    """Render `messages` (and `tools`, for a template that reads them) with the tokenizer's own chat
+    template and return the prompt token ids.
 
     Raises:
         ValueError: no tokenizer, a tokenizer without a chat template, or malformed messages.
@@ -27,5 +29,7 @@ def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: 
         raise ValueError("the tokenizer has no chat template")
     if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
         raise ValueError("messages must be a list of {'role': ..., 'content': ...} objects")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    extra = {} if tools is None else {"tools": tools}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **extra)
     return tokenizer.encode(text, add_special_tokens=False)

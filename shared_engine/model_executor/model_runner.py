@@ -22,9 +22,10 @@ from shared_engine.model_executor.cuda_graph_runner import (
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
-from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_logprobs
+from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_entries
 from shared_engine.model_loader.model_source import ModelSource
 from shared_engine.model_loader.weight_loader import init_dummy, load_safetensors
+from shared_engine.outputs import Logprob
 from shared_engine.sampling.grammar import GrammarBackend
 from shared_engine.sampling.logits_processors import LogitsProcessors
 from shared_engine.sampling.sampler import Sampler, SampleResult
@@ -37,8 +38,9 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 @dataclass
 class StepResult:
     sampled: dict[str, SampleResult]  # request id → its new token
-    # request id → (first prompt position, logprob of each prompt token from there; None for position 0)
-    prompt_logprobs: dict[str, tuple[int, list[float | None]]]
+    # request id → (first prompt position, from there per position the prompt token's and the top
+    # `prompt_logprobs` tokens' logprobs with ranks; None for position 0)
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob] | None]]]
 
 
 @dataclass
@@ -50,7 +52,7 @@ class LaunchedStep:
     token_ids: torch.Tensor | None  # [num_sampled] int64 on the host (pinned on CUDA), filled asynchronously
     copied: torch.cuda.Event | None  # recorded after the device-to-host copy of the token ids (CUDA)
     raw_logprobs: torch.Tensor | None  # [num_sampled, vocab] fp32 on the device, when logprobs were asked
-    prompt_logprobs: dict[str, tuple[int, list[float | None]]]
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob] | None]]]
     # (start, end) timing events of the step's device work (CUDA). Events mark the stream, not the host: a
     # step launched while the previous one runs starts timing when the device reaches it.
     span: tuple | None
@@ -151,7 +153,7 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         self.model.compute_logits(hidden[inputs.sample_indices])
         rows = min(PROMPT_LOGPROBS_CHUNK, num_tokens)  # one prompt-logprobs chunk counts in the peak
-        prompt_token_logprobs(self.model.compute_logits, hidden[:rows], [0] * rows)
+        prompt_token_entries(self.model.compute_logits, hidden[:rows], [0] * rows, self.config.model.max_logprobs)
         torch.cuda.synchronize(self.device)
         self.kv_caches = []
         del hidden
@@ -281,12 +283,12 @@ class ModelRunner:
             if request.sampling_params.prompt_logprobs is not None and item.start_position < request.num_prompt_tokens:
                 end = min(item.context_len, request.num_prompt_tokens)
                 targets = request.prompt_token_ids[item.start_position + 1 : end + 1]
-                values = prompt_token_logprobs(self.model.compute_logits, hidden[offset : offset + len(targets)],
-                                               targets)
+                entries = prompt_token_entries(self.model.compute_logits, hidden[offset : offset + len(targets)],
+                                               targets, request.sampling_params.prompt_logprobs)
                 if item.start_position == 0:
-                    result[request.request_id] = (0, [None, *values])
+                    result[request.request_id] = (0, [None, *entries])
                 else:
-                    result[request.request_id] = (item.start_position + 1, values)
+                    result[request.request_id] = (item.start_position + 1, entries)
             offset += n
         return result
 

@@ -88,3 +88,29 @@ def test_simulator_sizes_the_kv_pool_per_gpu_at_tp2():
     per_block = 2 * 80 * 4 * 128 * 2 * 16  # K and V, 80 layers, 4 of 8 KV heads per rank, bf16, 16 tokens
     free = h200.memory_bytes * 0.9 - 70.55e9 * 2 / 2
     assert two.num_blocks == pytest.approx(free / per_block, rel=0.02)
+
+
+def test_tp_calibrate_script_recovers_a_synthetic_profile(tmp_path):
+    """scripts/tp_calibrate.py on a step profile whose device spans are the compute-only model plus known
+    collectives (12 us, 300 GB/s): the fit returns them."""
+    import subprocess
+    import sys
+
+    from shared_engine.sim.calibration import for_model
+    from shared_engine.sim.step_time import item_totals
+
+    hw = dataclasses.replace(for_model(load_hardware("h200"), "llama-3.1-8b"), allreduce_latency_s=0.0,
+                             allreduce_bandwidth=float("inf"), step_overhead_s=0.0, per_seq_overhead_s=0.0)
+    model = StepTimeModel(ARCH_8B, "bfloat16", hw, tensor_parallel_size=2)
+    truth = dataclasses.replace(model.comm, latency_s=12e-6, bus_bandwidth=3e11)
+    shapes = [[(100, 1, True)], [(500, 1, True)] * 64, [(0, 2048, True)], [(40, 1, True)] * 8 + [(0, 1000, True)]]
+    steps = [{"items": items, "gpu_seconds": model.seconds_from_totals(*item_totals(items))
+              + truth.seconds(*item_totals(items)[1:3]), "seconds": 0.0} for items in shapes]
+    profile = {"model": "llama-3.1-8b", "model_config": json.loads((PRESETS_DIR / "llama-3.1-8b.json").read_text()),
+               "dtype": "bfloat16", "engine_config": {"tensor_parallel_size": 2}, "steps": steps}
+    (tmp_path / "p.json").write_text(json.dumps(profile))
+    subprocess.run([sys.executable, "scripts/tp_calibrate.py", "--profile", str(tmp_path / "p.json"),
+                    "--out", str(tmp_path / "fit.json")], check=True, capture_output=True)
+    fitted = json.loads((tmp_path / "fit.json").read_text())
+    assert fitted["allreduce_latency_s"] == pytest.approx(12e-6, rel=1e-6)
+    assert fitted["allreduce_bandwidth"] == pytest.approx(3e11, rel=1e-6)

@@ -79,6 +79,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if not loc and first.get("type") in ("model_attributes_type", "dict_type"):
         return "the request body must be a JSON object", None
     param = ".".join(loc) or None
+    if first.get("type") == "extra_forbidden":
+        return f"unknown field `{param}`: this server does not support it", param
     message = first.get("msg", "invalid value")
     return (f"{param}: {message}" if param else message), param
 
