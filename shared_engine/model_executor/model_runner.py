@@ -70,8 +70,12 @@ class ModelRunner:
         if self.device.type == "cuda" and tp > 1:
             self.device = torch.device("cuda", get_tp_rank())
         if self.device.type == "cpu" or config.device.num_threads is not None:
-            # process-wide: every CPU kernel's OpenMP threads (benchmarks/cpu_contention.py measures why)
-            torch.set_num_threads(config.device.resolve_num_threads())
+            # process-wide: every CPU kernel's OpenMP threads (benchmarks/cpu_contention.py measures why);
+            # tensor-parallel ranks on one CPU share its cores unless num_threads is set explicitly
+            threads = config.device.resolve_num_threads()
+            if self.device.type == "cpu" and tp > 1 and config.device.num_threads is None:
+                threads = max(1, threads // tp)
+            torch.set_num_threads(threads)
         # Rank 0 samples; with async scheduling the other ranks receive its ids (their next step's
         # placeholder inputs read them), see `_sample`.
         self.is_driver = get_tp_rank() == 0
