@@ -117,9 +117,10 @@ def render(t: dict) -> str:
     return "\n".join(lines)
 
 
-def batch_row(t: dict, model: str | None, rng: random.Random, fixed_output: bool) -> dict:
+def batch_row(t: dict, model: str | None, rng: random.Random, fixed_output: bool,
+              max_completion_tokens: int = 160) -> dict:
     body = {"messages": [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": render(t)}],
-            "temperature": 0.0, "max_completion_tokens": 160}
+            "temperature": 0.0, "max_completion_tokens": max_completion_tokens}
     if model:
         body["model"] = model
     if fixed_output:
@@ -128,17 +129,21 @@ def batch_row(t: dict, model: str | None, rng: random.Random, fixed_output: bool
 
 
 def generate(num_tickets: int, seed: int = 0, spec: TicketSpec = TicketSpec(), model: str | None = None,
-             fixed_output: bool = False, start: int = 0) -> Iterator[dict]:
-    """Batch rows for tickets `start .. start + num_tickets - 1`; the same seed gives the same rows."""
+             fixed_output: bool = False, start: int = 0, max_completion_tokens: int = 160) -> Iterator[dict]:
+    """Batch rows for tickets `start .. start + num_tickets - 1`; the same seed gives the same rows.
+    `max_completion_tokens` lower than 160 scales the summaries down (the CPU runs)."""
     rng = random.Random(seed)
     for i in range(start, start + num_tickets):
-        yield batch_row(ticket(i, rng, spec), model, rng, fixed_output)
+        yield batch_row(ticket(i, rng, spec), model, rng, fixed_output, max_completion_tokens)
 
 
 def write(path: Path, rows) -> int:
-    from shared_engine.entrypoints.batch.batch_output import write_jsonl_atomic
+    """Write rows as JSON lines, atomically (standard library only: the Airflow task calls it)."""
+    from case_batch_summarisation.batch.shards import write_atomic
 
-    return write_jsonl_atomic(Path(path), rows)
+    lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in rows]
+    write_atomic(Path(path), "".join(lines))
+    return len(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,10 +155,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=6000, help="longest ticket, in tokens")
     p.add_argument("--model", default=None, help="the body's model field (default: omitted)")
     p.add_argument("--fixed-output", action="store_true", help="ignore_eos + 100-150 output tokens (dummy weights)")
+    p.add_argument("--max-completion-tokens", type=int, default=160)
     p.add_argument("-o", "--output", type=Path, required=True)
     args = p.parse_args(argv)
     spec = TicketSpec(median_tokens=args.median_tokens, sigma=args.sigma, max_tokens=args.max_tokens)
-    n = write(args.output, generate(args.num_tickets, args.seed, spec, args.model, args.fixed_output))
+    n = write(args.output, generate(args.num_tickets, args.seed, spec, args.model, args.fixed_output,
+                                    max_completion_tokens=args.max_completion_tokens))
     print(json.dumps({"rows": n, "output": str(args.output)}))
 
 
