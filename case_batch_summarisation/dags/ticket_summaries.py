@@ -89,7 +89,7 @@ def ticket_summaries():
         return [{"night_dir": night_dir, "name": s["name"]} for s in m["shards"]]
 
     @task(pool=POOL, retries=RETRIES, retry_delay=timedelta(seconds=RETRY_DELAY_S),
-          retry_exponential_backoff=True, max_retry_delay=timedelta(minutes=30))
+          retry_exponential_backoff=2.0, max_retry_delay=timedelta(minutes=30))  # 30 s, 60 s, 120 s
     def summarise_shard(shard: dict) -> dict:
         from case_batch_summarisation.batch.worker import run_shard
 
