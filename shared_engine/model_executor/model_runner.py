@@ -10,6 +10,8 @@ import torch
 
 from shared_engine.config import EngineConfig
 from shared_engine.core.scheduler_output import SchedulerOutput
+from shared_engine.distributed.parallel_state import get_tp_rank, get_tp_world_size, tp_broadcast
+from shared_engine.distributed.partition import max_local_kv_heads
 from shared_engine.model_executor.attention.registry import get_backend
 from shared_engine.model_executor.cuda_graph_runner import (
     MAX_PREFILL_SEQS,
@@ -20,9 +22,10 @@ from shared_engine.model_executor.cuda_graph_runner import (
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
-from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_logprobs
+from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_entries
 from shared_engine.model_loader.model_source import ModelSource
 from shared_engine.model_loader.weight_loader import init_dummy, load_safetensors
+from shared_engine.outputs import Logprob
 from shared_engine.sampling.grammar import GrammarBackend
 from shared_engine.sampling.logits_processors import LogitsProcessors
 from shared_engine.sampling.sampler import Sampler, SampleResult
@@ -35,8 +38,9 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 @dataclass
 class StepResult:
     sampled: dict[str, SampleResult]  # request id → its new token
-    # request id → (first prompt position, logprob of each prompt token from there; None for position 0)
-    prompt_logprobs: dict[str, tuple[int, list[float | None]]]
+    # request id → (first prompt position, from there per position the prompt token's and the top
+    # `prompt_logprobs` tokens' logprobs with ranks; None for position 0)
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob] | None]]]
 
 
 @dataclass
@@ -48,7 +52,7 @@ class LaunchedStep:
     token_ids: torch.Tensor | None  # [num_sampled] int64 on the host (pinned on CUDA), filled asynchronously
     copied: torch.cuda.Event | None  # recorded after the device-to-host copy of the token ids (CUDA)
     raw_logprobs: torch.Tensor | None  # [num_sampled, vocab] fp32 on the device, when logprobs were asked
-    prompt_logprobs: dict[str, tuple[int, list[float | None]]]
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob] | None]]]
     # (start, end) timing events of the step's device work (CUDA). Events mark the stream, not the host: a
     # step launched while the previous one runs starts timing when the device reaches it.
     span: tuple | None
@@ -58,7 +62,17 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, source: ModelSource, grammar: GrammarBackend | None = None) -> None:
         """`grammar` compiles structured-output constraints (None: the model has no tokenizer)."""
         self.config = config
+        tp = config.parallel.tensor_parallel_size
+        if get_tp_world_size() != tp:
+            raise RuntimeError(f"tensor_parallel_size {tp} but this process is in a group of {get_tp_world_size()} "
+                               "ranks (one tensor-parallel engine per process: shut the other one down first)")
         self.device = torch.device(config.device.resolve())
+        if self.device.type == "cuda" and tp > 1:
+            self.device = torch.device("cuda", get_tp_rank())
+        # Rank 0 samples; with async scheduling the other ranks receive its ids (their next step's
+        # placeholder inputs read them), see `_sample`.
+        self.is_driver = get_tp_rank() == 0
+        self.broadcast_sampled = tp > 1 and bool(config.scheduler.async_scheduling)
         self.dtype_name = resolve_dtype(config.model.dtype, self.device.type)
         self.dtype = _TORCH_DTYPES[self.dtype_name]
         self.arch = source.arch
@@ -71,6 +85,11 @@ class ModelRunner:
         started = time.perf_counter()
         self.model = self._load(source)
         self.load_seconds = time.perf_counter() - started
+        self.lora = None  # LoRAManager with enable_lora: the CPU cache and GPU slots of adapters
+        if config.lora.enable_lora:
+            from shared_engine.lora.lora_manager import LoRAManager
+
+            self.lora = LoRAManager(self.model, config.lora, self.arch, config.scheduler.token_budget)
         self.kv_caches: list[torch.Tensor] = []
         self.graph_runner: CudaGraphRunner | None = None
         self.compile_seconds = 0.0  # first forward pass (Triton JIT) during profiling
@@ -89,6 +108,7 @@ class ModelRunner:
             max_position = self.config.model.max_model_len or self.arch.max_position_embeddings
             model = model_cls(self.arch, max_position=max_position)
         model.to(self.dtype)
+        self.num_kv_heads = model.model.layers[0].self_attn.num_kv_heads  # this rank's share (distributed/partition.py)
         for module in model.modules():  # the RoPE table stays fp32 (the rotary kernel reads fp32 cos/sin)
             if isinstance(module, RotaryEmbedding):
                 module.cos_sin_cache = module.cos_sin_cache.float()
@@ -125,21 +145,26 @@ class ModelRunner:
         out = SchedulerOutput([ScheduledRequest(request, [0] * num_tokens, 0, list(range(num_blocks)), True)],
                               num_batched_tokens=num_tokens)
         inputs = build_inputs(out, self.block_size, self.device)
+        if self.lora is not None:  # profile the LoRA layers' activations too
+            self.lora.ctx.active = True
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         self.model.compute_logits(hidden[inputs.sample_indices])
         rows = min(PROMPT_LOGPROBS_CHUNK, num_tokens)  # one prompt-logprobs chunk counts in the peak
-        prompt_token_logprobs(self.model.compute_logits, hidden[:rows], [0] * rows)
+        prompt_token_entries(self.model.compute_logits, hidden[:rows], [0] * rows, self.config.model.max_logprobs)
         torch.cuda.synchronize(self.device)
         self.kv_caches = []
         del hidden
 
     @property
     def kv_bytes_per_block(self) -> int:
-        return self.arch.kv_bytes_per_token(self.dtype_name) * self.block_size
+        """Bytes of one KV block on the rank that holds the most KV heads (all ranks share one block table)."""
+        a = self.arch
+        most = max_local_kv_heads(a.num_heads, a.num_kv_heads, self.config.parallel.tensor_parallel_size)
+        return a.kv_bytes_per_token(self.dtype_name) * self.block_size * most // a.num_kv_heads
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """One tensor per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K then V)."""
-        shape = (2, num_blocks, self.block_size, self.arch.num_kv_heads, self.arch.head_dim)
+        shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_layers)]
 
     def capture_cuda_graphs(self) -> None:
@@ -158,6 +183,8 @@ class ModelRunner:
             return
         started = time.perf_counter()
         max_len = cfg.model.max_model_len
+        if self.lora is not None:  # graphs always run the LoRA layers (a zero mask for base-model tokens)
+            self.lora.ctx.active = True
         with torch.inference_mode():
             self.graph_runner = CudaGraphRunner(
                 self.model, self.kv_caches, self.backend, decode_sizes=decode_sizes,
@@ -186,6 +213,8 @@ class ModelRunner:
         span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade)
         inputs.patch_placeholders(None if previous is None else previous.tokens)
+        if self.lora is not None:
+            self.lora.prepare(out)
         self.cascade_steps += inputs.meta.use_cascade
         if cuda:
             span[0].record()
@@ -202,7 +231,7 @@ class ModelRunner:
         tokens = token_ids = raw_logprobs = copied = None
         if requests:
             logits = self.model.compute_logits(hidden[inputs.sample_indices])  # [num_sampled, vocab]
-            tokens, raw_logprobs = self.sampler.sample(logits, requests)
+            tokens, raw_logprobs = self._sample(logits, requests)
             if cuda:
                 token_ids = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
                 token_ids.copy_(tokens, non_blocking=True)
@@ -229,6 +258,17 @@ class ModelRunner:
             self.gpu_span_seconds += start.elapsed_time(end) / 1e3
         return StepResult(sampled, step.prompt_logprobs)
 
+    def _sample(self, logits: torch.Tensor, requests: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rank 0's sampler (`Sampler.sample`); the other ranks of a tensor-parallel group sample nothing
+        and, with async scheduling, receive rank 0's ids `[num_sampled]` int64 by broadcast."""
+        if self.is_driver:
+            tokens, raw_logprobs = self.sampler.sample(logits, requests)
+        else:
+            tokens, raw_logprobs = torch.empty(len(requests), dtype=torch.long, device=self.device), None
+        if self.broadcast_sampled:
+            tp_broadcast(tokens)
+        return tokens, raw_logprobs
+
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, inputs) -> dict[str, list]:
         """Log-probability of each prompt token given the ones before it (for `prompt_logprobs`/echo), in
         chunks of bounded memory (prompt_logprobs.py)."""
@@ -240,17 +280,19 @@ class ModelRunner:
             if request.sampling_params.prompt_logprobs is not None and item.start_position < request.num_prompt_tokens:
                 end = min(item.context_len, request.num_prompt_tokens)
                 targets = request.prompt_token_ids[item.start_position + 1 : end + 1]
-                values = prompt_token_logprobs(self.model.compute_logits, hidden[offset : offset + len(targets)],
-                                               targets)
+                entries = prompt_token_entries(self.model.compute_logits, hidden[offset : offset + len(targets)],
+                                               targets, request.sampling_params.prompt_logprobs)
                 if item.start_position == 0:
-                    result[request.request_id] = (0, [None, *values])
+                    result[request.request_id] = (0, [None, *entries])
                 else:
-                    result[request.request_id] = (item.start_position + 1, values)
+                    result[request.request_id] = (item.start_position + 1, entries)
             offset += n
         return result
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)
+        if self.lora is not None:
+            self.lora.release(request_id)
 
 
 def resolve_dtype(dtype: str, device_type: str) -> str:

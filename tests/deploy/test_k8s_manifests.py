@@ -218,6 +218,36 @@ def test_engine_conventions(root):
     assert 'vllm:num_requests_waiting{model_name="' in trigger["metadata"]["query"]
 
 
+def _selects(policy: dict, labels: dict) -> bool:
+    wanted = policy["spec"]["podSelector"].get("matchLabels", {})
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+@pytest.mark.parametrize("root", k8s_roots(), ids=rel)
+def test_api_key_from_a_secret_and_a_network_policy(root):
+    objs = load_base(root)
+    engine = engine_deployment(objs)
+    env = {e["name"]: e for e in container(engine, "engine").get("env", [])}
+    ref = env["SHARED_ENGINE_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] and ref["key"] and not ref.get("optional"), "the engine never starts without its key"
+    for (kind, name), obj in objs.items():  # any key-like variable anywhere comes from a Secret
+        if kind != "Deployment":
+            continue
+        for c in obj["spec"]["template"]["spec"].get("containers", []):
+            for e in c.get("env", []):
+                if e["name"].endswith("API_KEY"):
+                    assert "value" not in e and e["valueFrom"]["secretKeyRef"] == ref, (name, e)
+    labels = engine["spec"]["template"]["metadata"]["labels"]
+    policies = [o for (kind, _), o in objs.items() if kind == "NetworkPolicy" and _selects(o, labels)]
+    assert len(policies) == 1, "one NetworkPolicy selects the engine's pods"
+    spec = policies[0]["spec"]
+    assert spec["policyTypes"] == ["Ingress"] and spec["ingress"], "ingress rules (not an allow-all policy)"
+    port = container(engine, "engine")["ports"][0]["containerPort"]
+    for rule in spec["ingress"]:
+        assert rule["from"], "every rule names its sources"
+        assert [p["port"] for p in rule["ports"]] == [port], "only the engine's port is admitted"
+
+
 @pytest.mark.parametrize("root", k8s_roots(), ids=rel)
 def test_overlays_render_valid_objects_and_gpu_requests_a_gpu(root):
     for name in ("cpu", "gpu"):

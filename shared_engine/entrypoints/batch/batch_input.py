@@ -19,11 +19,12 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from shared_engine.engine.tokenizer import render_chat_text
+from shared_engine.entrypoints.openai.chat_render import message_dicts
 from shared_engine.entrypoints.openai.errors import APIError
 from shared_engine.entrypoints.openai.protocol import ChatCompletionRequest
 from shared_engine.entrypoints.openai.server_config import ServerConfig
 from shared_engine.entrypoints.openai.serving_base import sampling_params_for
-from shared_engine.entrypoints.openai.serving_chat import message_dicts
+from shared_engine.entrypoints.openai.structured import structured_outputs, tool_mode
 from shared_engine.sampling_params import SamplingParams
 
 CHAT_URL = "/v1/chat/completions"
@@ -114,8 +115,12 @@ def prepare(row: BatchRow, tokenizer, model_name: str, server_config: ServerConf
         k = (req.top_logprobs or 0) if req.logprobs else None
         if k is None and req.top_logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        if tool_mode(req) is not None:
+            raise APIError(400, "tools are not supported in a batch", "tools")
+        structured, _ = structured_outputs(req, None)  # response_format: checked by the engine at add_request
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        row.params = sampling_params_for(req, max_tokens, server_config or ServerConfig(), logprobs=k)
+        row.params = sampling_params_for(req, max_tokens, server_config or ServerConfig(), logprobs=k,
+                                         structured_outputs=structured)
         try:
             row.prompt_text = render_chat_text(tokenizer, message_dicts(req.messages), req.add_generation_prompt)
         except Exception as e:  # noqa: BLE001 - a template error comes from the row's messages

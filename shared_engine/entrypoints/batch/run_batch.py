@@ -106,6 +106,7 @@ def run_batch(llm, input_path: Path, output_path: Path, model_name: str, use_tqd
     if prefix:
         llm.generate([prefix], SamplingParams(max_tokens=1), use_tqdm=False)
     outputs = _generate(engine, runnable, use_tqdm)
+    runnable = [r for r in runnable if r.error is None]  # add_request may refuse a row (a response_format)
     token_text = TokenText(engine.tokenizer) if engine.tokenizer is not None else None
     out_rows = [error_row(r.custom_id, r.error) if r.error is not None
                 else success_row(r.custom_id, outputs[r.line], model_name, token_text, r.top_logprobs) for r in rows]
@@ -133,7 +134,11 @@ def _generate(engine, rows: list[BatchRow], use_tqdm: bool) -> dict:
     """Queue every row, longest prompt first; returns {row.line: RequestOutput}."""
     ordered = sorted(rows, key=lambda r: len(r.prompt_token_ids), reverse=True)
     for r in ordered:
-        engine.add_request(f"batch-{r.line}", r.prompt_token_ids, r.params, final_only=True)
+        try:
+            engine.add_request(f"batch-{r.line}", r.prompt_token_ids, r.params, final_only=True)
+        except ValueError as e:
+            r.error = APIError(400, str(e))
+    rows = [r for r in rows if r.error is None]
     bar = None
     if use_tqdm and rows:
         from tqdm.auto import tqdm

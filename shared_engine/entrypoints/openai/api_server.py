@@ -1,7 +1,7 @@
 """The FastAPI app (`create_app`) and `run_server` behind `python -m shared_engine serve`.
 
-Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`,
-`GET /metrics`, `POST /tokenize`, `POST /detokenize`, `GET /version`.
+Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/models/{id}`,
+`GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`, `GET /version`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -16,9 +17,15 @@ from fastapi.responses import JSONResponse, Response
 import shared_engine
 from shared_engine.config import EngineConfig
 from shared_engine.entrypoints.openai.async_engine import AsyncEngine, AsyncEngineBase
+from shared_engine.entrypoints.openai.chat_render import render_chat
 from shared_engine.entrypoints.openai.errors import bad_request, error_response, install_error_handlers
+from shared_engine.entrypoints.openai.http_limits import uvicorn_http_options
 from shared_engine.entrypoints.openai.metrics import ServerMetrics
-from shared_engine.entrypoints.openai.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from shared_engine.entrypoints.openai.middleware import (
+    ApiKeyMiddleware,
+    BodySizeLimitMiddleware,
+    HeaderCountMiddleware,
+)
 from shared_engine.entrypoints.openai.openapi import error_responses, install_openapi, stream_responses
 from shared_engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -35,7 +42,7 @@ from shared_engine.entrypoints.openai.protocol import (
 )
 from shared_engine.entrypoints.openai.server_config import ServerConfig
 from shared_engine.entrypoints.openai.serving_base import ServingContext
-from shared_engine.entrypoints.openai.serving_chat import ServingChat, render_chat
+from shared_engine.entrypoints.openai.serving_chat import ServingChat
 from shared_engine.entrypoints.openai.serving_completions import ServingCompletions
 
 logger = logging.getLogger("shared_engine.server")
@@ -50,6 +57,7 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
     model_name = async_engine.config.model.served_model_name or async_engine.source.name
     metrics = ServerMetrics(async_engine, model_name)
     async_engine.on_step = metrics.on_step
+    async_engine.heartbeat.timeout_s = server_config.health_timeout_s
     ctx = ServingContext(async_engine, metrics, model_name, server_config)
     completions, chat = ServingCompletions(ctx), ServingChat(ctx)
 
@@ -74,14 +82,22 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
     async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         return await chat.create(body, request)
 
+    def model_card() -> ModelCard:
+        return ModelCard(id=model_name, root=async_engine.source.name, max_model_len=async_engine.max_model_len,
+                         vocab_size=async_engine.source.arch.vocab_size)
+
     @app.get("/v1/models", response_model=ModelList, responses=error_responses(401), summary="List models")
     async def list_models():
-        card = ModelCard(id=model_name, root=async_engine.source.name, max_model_len=async_engine.max_model_len,
-                         vocab_size=async_engine.source.arch.vocab_size)
-        return ModelList(data=[card])
+        return ModelList(data=[model_card()])
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=error_responses(401, 404),
+             summary="Retrieve a model")
+    async def retrieve_model(model_id: str):
+        ctx.check_model(model_id)
+        return model_card()
 
     @app.get("/health", responses={200: {"content": {"application/json": {}}}, **error_responses(503)},
-             summary="200 while the engine runs, 503 after it failed")
+             summary="200 while the engine runs, 503 after it failed or hung (no heartbeat for health_timeout_s)")
     async def health():
         if not async_engine.healthy:
             return error_response(503, f"the engine is not healthy: {async_engine.error!r}")
@@ -92,19 +108,19 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
     async def prometheus_metrics():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.post("/tokenize", response_model=TokenizeResponse, responses=error_responses(400, 404))
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=error_responses(400, 401, 404))
     async def tokenize(body: TokenizeRequest):
         ctx.check_model(body.model)
         tokenizer = ctx.need_tokenizer()
         if body.messages is not None:
-            ids = await ctx.off_loop(render_chat, tokenizer, body.messages, body.add_generation_prompt)
+            ids = await ctx.off_loop(render_chat, tokenizer, body.messages, body.add_generation_prompt, body.tools)
         elif body.prompt is not None:
             ids = await ctx.off_loop(lambda: tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
         else:
             raise bad_request("give prompt or messages")
         return TokenizeResponse(count=len(ids), max_model_len=async_engine.max_model_len, tokens=ids)
 
-    @app.post("/detokenize", response_model=DetokenizeResponse, responses=error_responses(400, 404))
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=error_responses(400, 401, 404))
     async def detokenize(body: DetokenizeRequest):
         ctx.check_model(body.model)
         vocab = async_engine.source.arch.vocab_size
@@ -112,16 +128,31 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
             raise bad_request(f"token ids must be in [0, {vocab})", "tokens")
         return DetokenizeResponse(prompt=await ctx.off_loop(ctx.need_tokenizer().decode, body.tokens))
 
-    @app.get("/version", response_model=VersionResponse)
+    @app.get("/version", response_model=VersionResponse, responses=error_responses(401),
+             summary="The engine's version and configuration (local paths reduced to their last component)")
     async def version():
-        return VersionResponse(version=shared_engine.__version__, engine_config=async_engine.config.to_flat())
+        return VersionResponse(version=shared_engine.__version__,
+                               engine_config=without_local_paths(async_engine.config.to_flat()))
 
     install_openapi(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=server_config.max_request_body_bytes)
     api_key = server_config.resolved_api_key()
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, exempt_paths=server_config.exempt_paths)
+    app.add_middleware(HeaderCountMiddleware, max_headers=server_config.max_headers)  # outermost: runs first
     return app
+
+
+def without_local_paths(settings: dict) -> dict:
+    """Settings with every value that names a local file or directory (a model or tokenizer path) replaced by
+    its last component: /version must not reveal the server's file system."""
+    def scrub(value):
+        if isinstance(value, str) and (os.path.isabs(value) or value.startswith(("~", "./", "../"))
+                                       or os.path.exists(value)):
+            return os.path.basename(os.path.normpath(value))
+        return value
+
+    return {key: scrub(value) for key, value in settings.items()}
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None:
@@ -145,4 +176,5 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None
     host, port = server_config.host, server_config.port
     logger.info("Serving %s on http://%s:%d", app.state.ctx.model_name, host, port)
     uvicorn.run(app, host=host, port=port, log_level=server_config.uvicorn_log_level,
-                timeout_graceful_shutdown=5)
+                timeout_graceful_shutdown=5,
+                **uvicorn_http_options(server_config.max_header_bytes, server_config.max_headers))

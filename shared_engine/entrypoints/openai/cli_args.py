@@ -41,6 +41,10 @@ _HELP = {
     "health_timeout_s": "/health answers 503 when the engine has work and no step finished for this long "
     "(a hung step; default 60)",
     "max_request_body_bytes": "larger request bodies get 413",
+    "cache_salt_from_api_key": "derive each request's cache_salt from the API key it presents (HMAC under "
+    "--cache-salt-secret), so tenants never share prefix-cache blocks",
+    "cache_salt_secret": "secret for --cache-salt-from-api-key (env fallback: SHARED_ENGINE_CACHE_SALT_SECRET; "
+    "default: random per process)",
     "max_n": "largest n accepted",
     "max_logprobs": "cap on logprobs / top_logprobs",
     "disable_frontend_multiprocessing": "run the engine in the API server's process (a thread) instead of "

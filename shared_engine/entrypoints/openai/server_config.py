@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from shared_engine.config.validation import check_range
 
 API_KEY_ENV = ("SHARED_ENGINE_API_KEY", "VLLM_API_KEY")
+CACHE_SALT_SECRET_ENV = "SHARED_ENGINE_CACHE_SALT_SECRET"
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,11 @@ class ServerConfig:
     default `max_waiting_requests`), `max_prompt_tokens_per_request` (prompt tokens summed over the
     request's sequences: each prompt counts `n` times). HTTP framing: `max_header_bytes` (request line and
     headers; 431 above it) and `max_headers` (431 above it). `health_timeout_s`: `/health` answers 503 when
-    the engine has unfinished work and no step has completed for this long (a hung step)."""
+    the engine has unfinished work and no step has completed for this long (a hung step).
+    `cache_salt_from_api_key`: every request's `cache_salt` is derived from the bearer token it presents
+    (HMAC-SHA256 under `cache_salt_secret`, env fallback `SHARED_ENGINE_CACHE_SALT_SECRET`, else a random
+    secret per process), mixed with the salt the request gives: tenants with different keys never share
+    prefix-cache blocks, so `cached_tokens` reveals nothing about another tenant's prompts."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -42,6 +47,8 @@ class ServerConfig:
     health_timeout_s: float = 60.0
     uvicorn_log_level: str = "info"
     disable_frontend_multiprocessing: bool = False
+    cache_salt_from_api_key: bool = False
+    cache_salt_secret: str | None = None
 
     def __post_init__(self) -> None:
         check_range("port", self.port, 0, 65535)
@@ -50,6 +57,11 @@ class ServerConfig:
                      "max_header_bytes", "max_headers"):
             check_range(name, getattr(self, name), 1)
         check_range("health_timeout_s", self.health_timeout_s, 0, low_open=True)
+
+    def resolved_cache_salt_secret(self) -> str | None:
+        """The secret the per-key salts are derived under: given, from the env, or None (the server then
+        draws a random one at startup)."""
+        return self.cache_salt_secret or os.environ.get(CACHE_SALT_SECRET_ENV) or None
 
     def resolved_api_key(self) -> str | None:
         if self.api_key:

@@ -15,8 +15,17 @@ from torch import nn
 from shared_engine.model_arch import ModelArch
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
 from shared_engine.model_executor.layers.activation import silu_and_mul
+from shared_engine.model_executor.layers.lora import LoRAContext, LoRAProjection
+from shared_engine.model_executor.layers.parallel_linear import (
+    down_parallel_linear,
+    gate_up_parallel_linear,
+    local_head_partition,
+    o_parallel_linear,
+    qkv_parallel_linear,
+)
 from shared_engine.model_executor.layers.rms_norm import RMSNorm
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
+from shared_engine.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
 # Hugging Face name fragment → (our fused parameter, shard index)
 _FUSED = {
@@ -31,18 +40,25 @@ _FUSED = {
 class LlamaAttention(nn.Module):
     def __init__(self, arch: ModelArch, rotary: RotaryEmbedding) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        part = local_head_partition(arch.num_heads, arch.num_kv_heads)  # this rank's heads (all at TP=1)
+        self.num_heads, self.num_kv_heads, self.head_dim = part.num_heads, part.num_kv_heads, arch.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=False)
+        self.qkv_proj = qkv_parallel_linear(arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim, part,
+                                            arch.attention_bias)
+        # o_proj sums the ranks' partial outputs (one all-reduce per attention block)
+        self.o_proj = o_parallel_linear(arch.num_heads, arch.head_dim, part, arch.hidden_size)
         self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.rotary = rotary
         self.scale = self.head_dim**-0.5
+        self.qkv_lora: LoRAProjection | None = None  # q, k, v slices (enable_lora)
+        self.o_lora: LoRAProjection | None = None
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata, backend) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        if self.qkv_lora is not None:
+            qkv = self.qkv_lora(hidden, qkv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
@@ -51,18 +67,25 @@ class LlamaAttention(nn.Module):
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(-1, self.num_heads, self.head_dim)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(-1, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
-        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale).reshape(-1, self.q_size)
+        if self.o_lora is None:
+            return self.o_proj(out)
+        return self.o_lora(out, self.o_proj(out))
 
 
 class LlamaMLP(nn.Module):
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.gate_up_proj = gate_up_parallel_linear(arch.hidden_size, arch.intermediate_size)
+        self.down_proj = down_parallel_linear(arch.intermediate_size, arch.hidden_size)  # all-reduces
+        self.gate_up_lora: LoRAProjection | None = None  # gate, up slices (enable_lora)
+        self.down_lora: LoRAProjection | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        if self.gate_up_lora is None:
+            return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        h = silu_and_mul(self.gate_up_lora(x, self.gate_up_proj(x)))
+        return self.down_lora(h, self.down_proj(h))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -88,7 +111,7 @@ class LlamaModel(nn.Module):
     def __init__(self, arch: ModelArch, max_position: int) -> None:
         super().__init__()
         rotary = RotaryEmbedding(arch.head_dim, max_position, arch.rope_theta, arch.rope_scaling)
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(arch, rotary) for _ in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
@@ -101,7 +124,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.model = LlamaModel(arch, max_position)
-        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(arch.hidden_size, arch.vocab_size)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -119,6 +142,26 @@ class LlamaForCausalLM(nn.Module):
             hidden, residual = layer(positions, hidden, residual, kv_cache, meta, backend)
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
+
+    def enable_lora(self, ctx: LoRAContext, max_rank: int) -> None:
+        """Give every attention and MLP projection `ctx.max_loras` LoRA slots of rank `max_rank` (zeros:
+        no adapter loaded), in the model's dtype and device. See layers/lora.py."""
+        a = self.arch
+        q, kv, h, i = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.hidden_size, a.intermediate_size
+        ref = self.lm_head.weight
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv_lora = LoRAProjection(ctx, h, [q, kv, kv], max_rank, ref.dtype, ref.device)
+            attn.o_lora = LoRAProjection(ctx, q, [h], max_rank, ref.dtype, ref.device)
+            mlp.gate_up_lora = LoRAProjection(ctx, h, [i, i], max_rank, ref.dtype, ref.device)
+            mlp.down_lora = LoRAProjection(ctx, i, [h], max_rank, ref.dtype, ref.device)
+
+    def lora_targets(self, layer: int) -> dict[str, tuple[LoRAProjection, int]]:
+        """PEFT module name → (its LoRA projection in `layer`, slice index)."""
+        attn, mlp = self.model.layers[layer].self_attn, self.model.layers[layer].mlp
+        return {"q_proj": (attn.qkv_lora, 0), "k_proj": (attn.qkv_lora, 1), "v_proj": (attn.qkv_lora, 2),
+                "o_proj": (attn.o_lora, 0), "gate_proj": (mlp.gate_up_lora, 0), "up_proj": (mlp.gate_up_lora, 1),
+                "down_proj": (mlp.down_lora, 0)}
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
@@ -138,11 +181,18 @@ class LlamaForCausalLM(nn.Module):
             target, shard = self._target(name)
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no parameter in {self.arch.architecture}")
-            param = params[target]
-            dest = param.data if shard is None else self._shard(param.data, target, shard)
-            if dest.shape != tensor.shape:
-                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != parameter {tuple(dest.shape)}")
-            dest.copy_(tensor)
+            module_name, _, param_name = target.rpartition(".")
+            load_shard = getattr(self.get_submodule(module_name), "load_shard", None)
+            if load_shard is not None:  # tensor-parallel layers take their rank's slice
+                try:
+                    load_shard(param_name, tensor, shard)
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from exc
+            elif params[target].shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != parameter "
+                                 f"{tuple(params[target].shape)}")
+            else:
+                params[target].data.copy_(tensor)
             loaded.add(target)
         return loaded
 
@@ -152,11 +202,3 @@ class LlamaForCausalLM(nn.Module):
             if f".{fragment}." in name:
                 return name.replace(fragment, fused), shard
         return name, None
-
-    def _shard(self, data: torch.Tensor, target: str, shard: int) -> torch.Tensor:
-        if "qkv_proj" in target:
-            a = self.arch
-            sizes = [a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.head_dim]
-        else:
-            sizes = [self.arch.intermediate_size] * 2
-        return data.split(sizes, dim=0)[shard]
