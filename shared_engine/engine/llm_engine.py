@@ -68,6 +68,8 @@ class LLMEngine:
             raise ValueError(f"without chunked prefill max_num_batched_tokens ({s.token_budget}) must be >= "
                              f"max_model_len ({config.model.max_model_len})")
         tp = config.parallel.tensor_parallel_size
+        if tp > 1 and config.lora.enable_lora:
+            raise ValueError("enable_lora is not supported with tensor_parallel_size > 1 yet")
         if tp > 1:
             head_partition(self.source.arch.num_heads, self.source.arch.num_kv_heads, tp, 0)  # ValueError if no split
             if config.lora.enable_lora:
@@ -111,7 +113,7 @@ class LLMEngine:
             if self.grammar is None:
                 raise ValueError("structured outputs need a tokenizer; this model has none")
             self.grammar.validate(params.structured_outputs)
-        if lora_request is not None and self.runner.lora is None:
+        if lora_request is not None and getattr(self.runner, "lora", None) is None:
             raise ValueError(f"adapter {lora_request.lora_name!r} requested but LoRA is not enabled (enable_lora)")
         arrival = time.time() if arrival_time is None else arrival_time
         children = []

@@ -132,7 +132,7 @@ def engine_check(engine: LLMEngine, ids: list[int], params: SamplingParams) -> N
 
 def engine_check_lora(engine: LLMEngine, lora: LoRARequest) -> None:
     """Raise `ValueError` (`LoRAValidationError`) for an adapter the engine could not load."""
-    if engine.runner.lora is None:
+    if getattr(engine.runner, "lora", None) is None:
         raise ValueError(f"adapter {lora.lora_name!r} requested but LoRA is not enabled (enable_lora)")
     from shared_engine.lora.lora_manager import load_checked
 

@@ -69,6 +69,9 @@ class ModelRunner:
         self.device = torch.device(config.device.resolve())
         if self.device.type == "cuda" and tp > 1:
             self.device = torch.device("cuda", get_tp_rank())
+        if self.device.type == "cpu" or config.device.num_threads is not None:
+            # process-wide: every CPU kernel's OpenMP threads (benchmarks/cpu_contention.py measures why)
+            torch.set_num_threads(config.device.resolve_num_threads())
         # Rank 0 samples; with async scheduling the other ranks receive its ids (their next step's
         # placeholder inputs read them), see `_sample`.
         self.is_driver = get_tp_rank() == 0

@@ -5,12 +5,14 @@ logprobs equal to fp32 rounding (the all-reduce sums the partial products in ano
 
 from __future__ import annotations
 
+import asyncio
 import gc
 
 import pytest
 
 from shared_engine import LLM, SamplingParams
 from shared_engine.distributed.parallel_state import get_tp_world_size
+from shared_engine.entrypoints.openai.async_engine import AsyncEngine
 from tests.engine.tp_cases import PROMPTS, SETTINGS, reference, run_cases
 
 
@@ -63,10 +65,23 @@ def test_kv_cache_holds_each_ranks_heads_only(tp_llm):
     assert runner.model.lm_head.weight.shape[0] == 49152 // 2
 
 
-def test_worker_death_fails_the_next_step_not_hangs(tp_llm):
-    # last in the module: it kills the shared engine's worker
-    proc = tp_llm.engine.runner.workers[1]
-    proc.kill()
-    proc.wait()
+def test_worker_death_fails_the_engine_not_hangs(tp_llm):
+    """Last in the module: it kills the shared engine's worker, while idle. The in-thread server engine
+    (`--disable-frontend-multiprocessing`) turns unhealthy at once; the next offline step raises."""
+
+    async def scenario():
+        served = AsyncEngine(tp_llm.engine)
+        served.start(asyncio.get_running_loop())
+        assert served.healthy
+        tp_llm.engine.runner.workers[1].kill()
+        for _ in range(200):  # the monitor thread reports within milliseconds; 10 s at most
+            if not served.healthy:
+                break
+            await asyncio.sleep(0.05)
+        served.shutdown()
+        return served.healthy, served.error
+
+    healthy, error = asyncio.run(scenario())
+    assert not healthy and "rank 1" in str(error)
     with pytest.raises(RuntimeError, match="rank 1"):
         tp_llm.generate(["Hello"], SamplingParams(max_tokens=2), use_tqdm=False)

@@ -134,3 +134,25 @@ def test_tool_choice_errors(server):
                          "tools.0.function.name")):
         r = server.post("/v1/chat/completions", {"model": server.model, "messages": ASK, **body})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_auto_stream_holds_back_calls():
+    """`auto` streaming: content before the call is streamed, a tail that may start `<tool_call>` is held,
+    and the call arrives whole in the last delta with finish_reason tool_calls."""
+    from shared_engine.entrypoints.openai.protocol import ChatCompletionRequest
+    from shared_engine.entrypoints.openai.serving_chat import _ToolStream
+
+    req = ChatCompletionRequest.model_validate({"messages": ASK, "tools": [WEATHER]})
+    stream = _ToolStream(req, "auto")
+    pieces = ["Checking", " now <tool", '_call>\n{"name": "get_weather", ', '"arguments": {"city": "Oslo", ',
+              '"unit": "celsius"}}\n</tool_call>']
+    deltas = [stream.advance(p, i == len(pieces) - 1) for i, p in enumerate(pieces)]
+    assert [d.content for d in deltas[:-1]] == ["Checking", " now ", None, None]
+    last = deltas[-1]
+    assert last.content is None and stream.called
+    (call,) = last.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Oslo"
+    plain = _ToolStream(req, "auto")
+    assert [plain.advance(p, f).content for p, f in (("No <to", False), ("ols needed", True))] == \
+        ["No ", "<tools needed"]
+    assert not plain.called

@@ -78,7 +78,7 @@ class AsyncEngineBase:
         raise NotImplementedError
 
     def _submit_add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None, cache_salt: str | None = None) -> None:
+                    prompt: str | None, cache_salt: str | None = None, lora_request=None) -> None:
         raise NotImplementedError
 
     def _submit_abort(self, request_id: str) -> None:
@@ -96,10 +96,11 @@ class AsyncEngineBase:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None, stream: asyncio.Queue | None = None,
-                    cache_salt: str | None = None) -> asyncio.Queue:
+                    cache_salt: str | None = None, lora_request=None) -> asyncio.Queue:
         """Queue a request. Its events arrive on `stream` (a new queue unless given; several requests
         may share one) as `(request_id, item)`: item is a `RequestOutput`, None (aborted) or an
         exception (the request failed); a finished output, None or an exception is the last one.
+        `lora_request` (a `LoRARequest`) runs it on that adapter.
 
         Raises:
             EngineDeadError, OverloadedError, ValueError (invalid request, or `request_id` in use).
@@ -114,7 +115,7 @@ class AsyncEngineBase:
             raise DuplicateRequestError(f"request id {request_id!r} is already in use by a running request")
         stream = asyncio.Queue() if stream is None else stream
         self._streams[request_id] = stream
-        self._submit_add(request_id, prompt_token_ids, params, prompt, cache_salt)
+        self._submit_add(request_id, prompt_token_ids, params, prompt, cache_salt, lora_request)
         return stream
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -235,10 +236,10 @@ class AsyncEngine(AsyncEngineBase):
     def _num_in_transit(self) -> int:
         return self._num_queued_adds
 
-    def _submit_add(self, request_id, prompt_token_ids, params, prompt, cache_salt=None) -> None:
+    def _submit_add(self, request_id, prompt_token_ids, params, prompt, cache_salt=None, lora_request=None) -> None:
         with self._count_lock:
             self._num_queued_adds += 1
-        self._commands.put(("add", request_id, prompt_token_ids, params, prompt, cache_salt))
+        self._commands.put(("add", request_id, prompt_token_ids, params, prompt, cache_salt, lora_request))
         self._wakeup.set()
 
     def _submit_abort(self, request_id: str) -> None:
@@ -280,9 +281,10 @@ class AsyncEngine(AsyncEngineBase):
             except queue.Empty:
                 return
             if command[0] == "add":
-                _, request_id, ids, params, prompt, cache_salt = command
+                _, request_id, ids, params, prompt, cache_salt, lora_request = command
                 try:
-                    self.engine.add_request(request_id, ids, params, prompt=prompt, cache_salt=cache_salt)
+                    self.engine.add_request(request_id, ids, params, prompt=prompt, cache_salt=cache_salt,
+                                            lora_request=lora_request)
                 except ValueError as exc:
                     self._loop.call_soon_threadsafe(self._deliver_error, request_id, exc)
                 finally:

@@ -28,6 +28,7 @@ class Job:
     params: SamplingParams
     prompt: str | None = None
     cache_salt: str | None = None  # requests share cached prefix blocks only under the same salt
+    lora_request: object | None = None  # LoRARequest: the adapter the request's `model` named
 
 
 class ClientDisconnected(Exception):
@@ -63,7 +64,7 @@ class GenerationRun:
                 self.engine.check_request(job.prompt_token_ids, job.params)
             for rid, job in zip(self.request_ids, self.jobs):
                 self.engine.add_request(rid, job.prompt_token_ids, job.params, job.prompt, stream=self.queue,
-                                        cache_salt=job.cache_salt)
+                                        cache_salt=job.cache_salt, lora_request=job.lora_request)
                 self._open.add(rid)
         except DuplicateRequestError as e:
             self.abort()

@@ -59,9 +59,23 @@ class ServingContext:
     def max_model_len(self) -> int:
         return self.async_engine.max_model_len
 
+    loras = None  # LoRARegistry when LoRA is enabled (api_server.create_app sets it)
+
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        self.resolve_model(model)
+
+    def resolve_model(self, model: str | None):
+        """The `LoRARequest` a request's `model` names, None for the base model (or no `model`).
+
+        Raises:
+            APIError: 404 for a name that is neither the base model nor a loaded adapter (never the base).
+        """
+        if model is None or model == self.model_name:
+            return None
+        lora = None if self.loras is None else self.loras.get(model)
+        if lora is None:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
+        return lora
 
     def need_tokenizer(self):
         if self.tokenizer is None:

@@ -38,11 +38,11 @@ class ServingChat:
 
     async def create(self, req: ChatCompletionRequest, request: Request) -> Response:
         ctx = self.ctx
-        ctx.check_model(req.model)
+        lora = ctx.resolve_model(req.model)
         mode = tool_mode(req)
         tools = req.tools if mode is not None else None
         structured, param = structured_outputs(req, mode)
-        ctx.check_structured(structured, param)
+        await ctx.off_loop(ctx.check_structured, structured, param)  # compiling a schema can take 100s of ms
         k = self._top_logprobs(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = ctx.sampling_params(req, max_tokens, logprobs=k, structured_outputs=structured)
@@ -51,7 +51,7 @@ class ServingChat:
         ids = await ctx.off_loop(render_chat, ctx.need_tokenizer(), req.messages, req.add_generation_prompt, tools)
         check_prompt_tokens(ctx.server_config, [len(ids)], req.n, "messages")
         run = GenerationRun(ctx.async_engine, ctx.metrics, ctx.base_id("chatcmpl", req),
-                            [Job(ids, params, cache_salt=ctx.cache_salt(req, request))])
+                            [Job(ids, params, cache_salt=ctx.cache_salt(req, request), lora_request=lora)])
         run.start()
         if req.stream:
             return event_stream(self._stream(run, req, request, mode))

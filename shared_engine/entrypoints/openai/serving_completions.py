@@ -29,7 +29,7 @@ class ServingCompletions:
 
     async def create(self, req: CompletionRequest, request: Request) -> Response:
         ctx = self.ctx
-        ctx.check_model(req.model)
+        lora = ctx.resolve_model(req.model)
         self._check_unsupported(req)
         scoring = req.max_tokens == 0
         if scoring and not req.echo:
@@ -40,7 +40,7 @@ class ServingCompletions:
         check_prompt_tokens(ctx.server_config, [len(ids) for _, ids in prompts], req.n, "prompt")
         salt = ctx.cache_salt(req, request)
         run = GenerationRun(ctx.async_engine, ctx.metrics, ctx.base_id("cmpl", req),
-                            [Job(ids, params, text, salt) for text, ids in prompts])
+                            [Job(ids, params, text, salt, lora) for text, ids in prompts])
         run.start()
         if req.stream:
             return event_stream(self._stream(run, req, prompts, scoring, request))
