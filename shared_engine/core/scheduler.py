@@ -151,7 +151,8 @@ class Scheduler:
 
     def _num_drafts(self, request: Request, budget: int, table) -> int:
         """How many of the request's draft tokens this step verifies: none while its last token is in
-        flight, none at a position past max_tokens or max_model_len, none beyond the budget, and none that would need a block the pool cannot give without preempting someone."""
+        flight, none at a position past max_tokens or max_model_len, none beyond the budget, and none that
+        would need a block the pool cannot give without preempting someone."""
         outputs = request.output_token_ids
         if outputs and outputs[-1] < 0:
             return 0

@@ -9,6 +9,8 @@ import time
 from shared_engine.config import EngineConfig
 from shared_engine.core.request import Request, RequestStatus
 from shared_engine.core.scheduler import build_scheduler
+from shared_engine.distributed.partition import head_partition
+from shared_engine.distributed.tp_executor import make_model_runner
 from shared_engine.engine.async_output import AsyncOutputStepper
 from shared_engine.engine.kv_capacity import capacity_line, check_fits, num_kv_blocks
 from shared_engine.engine.output_builder import OutputBuilder
@@ -16,7 +18,7 @@ from shared_engine.engine.request_validator import validate_request
 from shared_engine.engine.spec_stats import SpecDecodeStats
 from shared_engine.engine.stats import EngineStats
 from shared_engine.engine.tokenizer import load_tokenizer
-from shared_engine.model_executor.model_runner import ModelRunner, StepResult
+from shared_engine.model_executor.model_runner import StepResult
 from shared_engine.model_loader.model_source import resolve_model
 from shared_engine.outputs import RequestOutput
 from shared_engine.sampling.grammar import GrammarBackend
@@ -39,7 +41,7 @@ class LLMEngine:
         self.eos_token_ids = frozenset(self._eos_ids())
         self.grammar = (GrammarBackend(self.tokenizer, self.source.arch.vocab_size, self.eos_token_ids)
                         if self.tokenizer is not None else None)
-        self.runner = ModelRunner(config, self.source, self.grammar)
+        self.runner = make_model_runner(config, self.source, self.grammar)  # a TPExecutor when TP > 1
         num_blocks = num_kv_blocks(config, self.runner.kv_bytes_per_block, self.runner.free_kv_bytes())
         check_fits(num_blocks, config.cache.block_size, self.max_model_len)
         self.runner.allocate_kv_cache(num_blocks)
@@ -73,6 +75,21 @@ class LLMEngine:
         if not s.enable_chunked_prefill and s.token_budget < config.model.max_model_len:
             raise ValueError(f"without chunked prefill max_num_batched_tokens ({s.token_budget}) must be >= "
                              f"max_model_len ({config.model.max_model_len})")
+        tp = config.parallel.tensor_parallel_size
+        if tp > 1 and config.lora.enable_lora:
+            raise ValueError("enable_lora is not supported with tensor_parallel_size > 1 yet")
+        if tp > 1:
+            head_partition(self.source.arch.num_heads, self.source.arch.num_kv_heads, tp, 0)  # ValueError if no split
+            if config.lora.enable_lora:
+                raise ValueError("enable_lora is not supported with tensor_parallel_size > 1 (the LoRA layers are "
+                                 "not sharded across ranks)")
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (they also stop when the engine is collected
+        or the process exits)."""
+        shutdown = getattr(self.runner, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
     def _eos_ids(self) -> set[int]:
         ids = self.source.generation_eos_ids()
@@ -97,18 +114,18 @@ class LLMEngine:
         """
         max_tokens = validate_request(prompt_token_ids, params, self.max_model_len, self.config.model.max_logprobs,
                                       self.source.arch.vocab_size)
-        if request_id in self.outputs.groups:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        child_ids = [request_id] if params.n == 1 else [f"{index}_{request_id}" for index in range(params.n)]
+        if any(self.outputs.in_use(rid) for rid in {request_id, *child_ids}):
+            raise ValueError(f"request id {request_id!r} is already in use (by a request or one of its n choices)")
         if params.structured_outputs is not None:
             if self.grammar is None:
                 raise ValueError("structured outputs need a tokenizer; this model has none")
             self.grammar.validate(params.structured_outputs)
-        if lora_request is not None and self.runner.lora is None:
+        if lora_request is not None and getattr(self.runner, "lora", None) is None:
             raise ValueError(f"adapter {lora_request.lora_name!r} requested but LoRA is not enabled (enable_lora)")
         arrival = time.time() if arrival_time is None else arrival_time
         children = []
-        for index in range(params.n):
-            child_id = request_id if params.n == 1 else f"{index}_{request_id}"
+        for index, child_id in enumerate(child_ids):
             children.append(Request(
                 request_id=child_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params,
                 max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=arrival,

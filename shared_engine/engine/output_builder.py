@@ -19,7 +19,8 @@ class _Group:
     detokenizers: dict[str, IncrementalDetokenizer | None]
     logprobs: dict[str, list[dict[int, Logprob]]] = field(default_factory=dict)
     cumulative: dict[str, float] = field(default_factory=dict)
-    prompt_logprobs: dict[int, float | None] = field(default_factory=dict)  # prompt position → logprob
+    # prompt position → {token id: Logprob} (the prompt token's and the top k), None at position 0
+    prompt_logprobs: dict[int, dict[int, Logprob] | None] = field(default_factory=dict)
     num_seen: dict[str, int] = field(default_factory=dict)  # child id → output tokens already recorded
     final_only: bool = False  # build an output only when the whole group has finished
 
@@ -40,6 +41,10 @@ class OutputBuilder:
             self._parent[child.request_id] = request_id
         self.groups[request_id] = _Group(request_id, prompt, children, detoks, final_only=final_only)
 
+    def in_use(self, request_id: str) -> bool:
+        """Whether `request_id` names a live request or one of a live request's sequences."""
+        return request_id in self.groups or request_id in self._parent
+
     def children(self, request_id: str) -> list[Request]:
         group = self.groups.get(request_id)
         return group.children if group else []
@@ -49,7 +54,7 @@ class OutputBuilder:
         for child in group.children if group else []:
             self._parent.pop(child.request_id, None)
 
-    def add_prompt_logprobs(self, child_id: str, begin: int, values: list[float | None]) -> None:
+    def add_prompt_logprobs(self, child_id: str, begin: int, values: list[dict[int, Logprob] | None]) -> None:
         """Record prompt logprobs for positions begin, begin+1, ... (a recomputed chunk overwrites)."""
         parent = self._parent.get(child_id)
         if parent is None:
@@ -146,5 +151,4 @@ class OutputBuilder:
     def _prompt_logprobs(group: _Group, prompt_ids: list[int]) -> list[dict[int, Logprob] | None] | None:
         if not group.prompt_logprobs:
             return None
-        values = [group.prompt_logprobs.get(i) for i in range(len(prompt_ids))]
-        return [None if v is None else {prompt_ids[i]: Logprob(v)} for i, v in enumerate(values)]
+        return [group.prompt_logprobs.get(i) for i in range(len(prompt_ids))]
