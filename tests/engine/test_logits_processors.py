@@ -148,3 +148,14 @@ def test_async_scheduling_same_outputs_and_grammar_waits(llm):
 
     text = llm.get_tokenizer().decode(ours(llm, ids, **cases[0]), skip_special_tokens=True)
     assert set(json.loads(text)) == {"colour"}
+
+
+def test_a_grammar_that_fails_to_compile_ends_the_request_not_the_engine(llm):
+    """Validation at add_request refuses a bad schema; should compiling still fail inside a step, the matcher
+    allows only EOS."""
+    bad = StructuredOutputsParams(json="{not json")
+    with pytest.raises(ValueError, match="invalid JSON schema"):
+        llm.generate("Hi", SamplingParams(structured_outputs=bad), use_tqdm=False)
+    matcher = llm.engine.grammar.matcher(bad)
+    allowed = matcher.mask_after([])
+    assert allowed.nonzero().flatten().tolist() == [EOS]

@@ -94,6 +94,10 @@ def test_prompt_logprobs_k(server, tokenizer):
     for token_id, entry in zip(ids[1:], entries[1:]):
         assert str(token_id) in entry and sum(e["rank"] <= 2 for e in entry.values()) == 2
         assert entry[str(token_id)]["rank"] >= 1
+    chat = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1,
+                                                "prompt_logprobs": 1}).json()
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"] and chat["prompt_logprobs"][0] is None
+    assert all(1 <= len(e) <= 2 for e in chat["prompt_logprobs"][1:])
 
 
 def test_streamed_text_offset_counts_from_the_start(server):

@@ -42,7 +42,7 @@ class ServingChat:
         mode = tool_mode(req)
         tools = req.tools if mode is not None else None
         structured, param = structured_outputs(req, mode)
-        ctx.check_structured(structured, param)
+        await ctx.off_loop(ctx.check_structured, structured, param)  # compiling a schema can take 100s of ms
         k = self._top_logprobs(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = ctx.sampling_params(req, max_tokens, logprobs=k, structured_outputs=structured)
