@@ -4,7 +4,8 @@
 #   GIT_COMMIT=$(git rev-parse HEAD) scripts/tp_gpu_bench.sh OUTDIR      (the device copy has no .git)
 # STEPS (default all; any of: tests tp1 tp2 batch1 profile 70b-batch1 70b): split over calls of <= 10 min,
 # e.g. STEPS="tests tp1 tp2 batch1" (~8 min on 2 H200s, estimated) then STEPS="profile 70b-batch1 70b".
-#   tests       the TP tests on CUDA (NCCL, CUDA graphs per rank): offline and server, TP=2 vs TP=1
+#   tests       the TP tests: on the CPU (gloo) as in CI, and test_tensor_parallel_gpu.py (NCCL, CUDA graphs
+#               per rank, fp32): 2 GPUs vs 1, greedy tokens identical
 #   tp1, tp2    llama-3.1-8b dummy, 1,000 x (1,000 in, 1,000 out) at TP=1 then TP=2, same session
 #   batch1      llama-3.1-8b batch-1 TPOT at TP=1 and TP=2 (against the weight-streaming floor over N GPUs)
 #   profile     llama-3.1-8b step profile at TP=2, then the capacity model's all-reduce fit (tp_calibrate.py)
@@ -32,7 +33,8 @@ show() { grep -E "ours|roofline|TPOT|wrote|Error|error" | tail -6; }
 if want tests; then
   step "TP tests on CUDA"
   timeout 300 $PY -m pytest -q -x -p no:cacheprovider tests/engine/test_tp_partition.py \
-    tests/engine/test_tensor_parallel.py tests/server/test_tensor_parallel_server.py 2>&1 | tail -3 | tee "$OUT/tp_tests.txt"
+    tests/engine/test_tensor_parallel.py tests/engine/test_tensor_parallel_gpu.py \
+    tests/server/test_tensor_parallel_server.py 2>&1 | tail -3 | tee "$OUT/tp_tests.txt"
 fi
 if want tp1; then
   step "llama-3.1-8b 1000 x 1000, TP=1"

@@ -31,7 +31,7 @@ from shared_engine.distributed.parallel_state import (
     free_port,
     init_tensor_parallel,
 )
-from shared_engine.distributed.step_message import worker_view
+from shared_engine.distributed.step_message import encode
 from shared_engine.distributed.worker_monitor import WorkerMonitor
 from shared_engine.distributed.worker_process import WorkerArgs
 
@@ -132,7 +132,7 @@ class TPExecutor:
         self.runner.capture_cuda_graphs()
 
     def launch(self, out, previous=None):
-        self._call("launch", worker_view(out), previous is not None)
+        self._call("launch", encode(out), previous is not None)
         try:
             return self.runner.launch(out, previous)
         except RuntimeError:  # a collective failed: a peer died mid-step (gloo notices at once)

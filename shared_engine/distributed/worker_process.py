@@ -7,7 +7,7 @@ rank 0 makes them (each runs the same collectives on every rank):
     ("free_kv_bytes",)            profile (CUDA), then the smallest free KV bytes over the ranks
     ("allocate_kv_cache", n)      n blocks of this rank's KV heads per layer
     ("capture_cuda_graphs",)      this rank's graphs (CUDA)
-    ("launch", out, has_previous) one step: `out` is `step_message.worker_view` of rank 0's step
+    ("launch", message, has_previous)  one step: `message` is `step_message.encode` of rank 0's step
     ("shutdown",)
 The worker dies with rank 0: PR_SET_PDEATHSIG on Linux, a parent-pid check otherwise, and a closed
 gloo connection ends a pending receive with an error either way.
@@ -61,6 +61,7 @@ def run_worker(args: WorkerArgs) -> None:
         destroy_tensor_parallel,
         init_tensor_parallel,
     )
+    from shared_engine.distributed.step_message import decode
     from shared_engine.model_executor.model_runner import ModelRunner
 
     init_tensor_parallel(args.rank, args.world_size, args.port, args.config.device.resolve())
@@ -70,8 +71,8 @@ def run_worker(args: WorkerArgs) -> None:
         call = broadcast_object()
         method = call[0]
         if method == "launch":
-            _, out, has_previous = call
-            previous = runner.launch(out, previous if has_previous else None)
+            _, message, has_previous = call
+            previous = runner.launch(decode(message), previous if has_previous else None)
         elif method == "free_kv_bytes":
             free = runner.free_kv_bytes()
             if free is not None:

@@ -69,6 +69,13 @@ class ModelRunner:
         self.device = torch.device(config.device.resolve())
         if self.device.type == "cuda" and tp > 1:
             self.device = torch.device("cuda", get_tp_rank())
+        if self.device.type == "cpu" or config.device.num_threads is not None:
+            # process-wide: every CPU kernel's OpenMP threads (benchmarks/cpu_contention.py measures why);
+            # tensor-parallel ranks on one CPU share its cores unless num_threads is set explicitly
+            threads = config.device.resolve_num_threads()
+            if self.device.type == "cpu" and tp > 1 and config.device.num_threads is None:
+                threads = max(1, threads // tp)
+            torch.set_num_threads(threads)
         # Rank 0 samples; with async scheduling the other ranks receive its ids (their next step's
         # placeholder inputs read them), see `_sample`.
         self.is_driver = get_tp_rank() == 0
@@ -104,10 +111,17 @@ class ModelRunner:
     def _load(self, source: ModelSource) -> torch.nn.Module:
         torch.manual_seed(self.config.model.seed)
         model_cls = get_model_class(self.arch.architecture)
-        with torch.device(self.device):
-            max_position = self.config.model.max_model_len or self.arch.max_position_embeddings
-            model = model_cls(self.arch, max_position=max_position)
-        model.to(self.dtype)
+        # parameters are created in the model's dtype: an fp32 copy first would need twice the memory (the
+        # rank's 35B parameters of llama-3.1-70b at TP=2 take 141 GB in fp32, more than an H200 holds)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                max_position = self.config.model.max_model_len or self.arch.max_position_embeddings
+                model = model_cls(self.arch, max_position=max_position)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        model.to(self.dtype)  # buffers built in fp32 (the RoPE table, made fp32 again below)
         self.num_kv_heads = model.model.layers[0].self_attn.num_kv_heads  # this rank's share (distributed/partition.py)
         for module in model.modules():  # the RoPE table stays fp32 (the rotary kernel reads fp32 cos/sin)
             if isinstance(module, RotaryEmbedding):

@@ -1,6 +1,7 @@
 """How heads, columns and the vocabulary divide among tensor-parallel ranks (distributed/partition.py):
 every query head on exactly one rank, with the KV head it reads on the same rank, one GQA group size per
-rank, near-equal shares, and KV heads replicated only when there are fewer than ranks."""
+rank, near-equal shares, and KV heads replicated only when there are fewer than ranks; the step message
+rank 0 sends the other ranks (distributed/step_message.py) keeps every scheduled field."""
 
 from __future__ import annotations
 
@@ -60,3 +61,28 @@ def test_tensor_parallel_size_is_one_setting_everywhere():
     assert EngineConfig().to_flat()["tensor_parallel_size"] == 1
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         EngineConfig.from_flat(tensor_parallel_size=0)
+
+
+def test_step_message_round_trip_keeps_every_field():
+    import pickle
+
+    from shared_engine.core.request import Request
+    from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+    from shared_engine.distributed.step_message import decode, encode
+    from shared_engine.sampling_params import SamplingParams
+
+    plain = Request("a", [1, 2, 3], SamplingParams(max_tokens=4), max_tokens=4)
+    scored = Request("b", [4, 5, 6, 7], SamplingParams(max_tokens=4, prompt_logprobs=2), max_tokens=4)
+    items = [ScheduledRequest(plain, [9], 3, [0], True), ScheduledRequest(scored, [4, 5], 0, [1, 2], False)]
+    out = SchedulerOutput(items, preempted_request_ids=["c"], num_batched_tokens=3)
+    got = decode(pickle.loads(pickle.dumps(encode(out))))
+    assert (got.num_batched_tokens, got.preempted_request_ids) == (3, ["c"])
+    for mine, theirs in zip(got.scheduled, out.scheduled, strict=True):
+        assert (mine.token_ids, mine.start_position, mine.block_table, mine.needs_sample) == (
+            theirs.token_ids, theirs.start_position, theirs.block_table, theirs.needs_sample)
+        assert mine.request.request_id == theirs.request_id
+        assert mine.request.num_prompt_tokens == theirs.request.num_prompt_tokens
+    first = got.scheduled[0].request
+    assert first.prompt_token_ids == [] and first.sampling_params.prompt_logprobs is None
+    assert got.scheduled[1].request.prompt_token_ids == [4, 5, 6, 7]
+    assert got.scheduled[1].request.sampling_params.prompt_logprobs == 2

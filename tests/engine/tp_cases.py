@@ -18,13 +18,13 @@ PREFIX_PROMPT = PREFIX + "What is two plus two?"  # run after PROMPTS: its prefi
 MAX_TOKENS = 8
 
 
-@functools.lru_cache(maxsize=1)
-def reference() -> dict:
+@functools.lru_cache(maxsize=2)
+def reference(device: str = "cpu") -> dict:
     """TP=1 outputs: {"batch": [token ids per PROMPTS], "prefix": token ids of PREFIX_PROMPT,
     "prefix_cached": its cached prompt tokens, "logprobs": (sample logprobs, prompt logprobs) of PROMPTS[0]}."""
     from shared_engine import LLM
 
-    llm = LLM(**SETTINGS)
+    llm = LLM(**{**SETTINGS, "device": device})
     try:
         return run_cases(llm)
     finally:

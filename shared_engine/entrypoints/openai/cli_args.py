@@ -47,6 +47,8 @@ _HELP = {
     "default: random per process)",
     "max_n": "largest n accepted",
     "max_logprobs": "cap on logprobs / top_logprobs",
+    "num_threads": "torch intra-op (OpenMP) threads of the engine (default: OMP_NUM_THREADS if set, else the "
+    "cores this process may use); serve also sets OMP_WAIT_POLICY=PASSIVE unless it is set",
     "disable_frontend_multiprocessing": "run the engine in the API server's process (a thread) instead of "
     "its own engine core process",
     "cuda_graph_max_prefill_tokens": "CUDA: steps with up to this many prefill tokens (and decodes) replay a "
