@@ -42,8 +42,10 @@ def _run(path, tp: int) -> list:
         return [(o.outputs[0].token_ids, [{t: lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs])
                 for o in outs]
     finally:
+        runner = llm.engine.runner
         llm.shutdown()
-        del llm
+        assert getattr(runner, "error", None) is None  # a shutdown's worker exits are not failures
+        del llm, runner
         gc.collect()
 
 
