@@ -40,6 +40,8 @@ def _error(r) -> dict:
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, "logit_bias"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
     ("/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": True, "x": 1}}, "stream_options.x"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "min_tokens": 3,
+                              "response_format": {"type": "json_object"}}, "min_tokens"),
 ])
 def test_unsupported_fields_are_400_naming_them(server, path, body, param):
     error = _error(server.post(path, {"model": server.model, "max_tokens": 2, **body}))
