@@ -76,8 +76,6 @@ class LLMEngine:
             raise ValueError(f"without chunked prefill max_num_batched_tokens ({s.token_budget}) must be >= "
                              f"max_model_len ({config.model.max_model_len})")
         tp = config.parallel.tensor_parallel_size
-        if tp > 1 and config.lora.enable_lora:
-            raise ValueError("enable_lora is not supported with tensor_parallel_size > 1 yet")
         if tp > 1:
             head_partition(self.source.arch.num_heads, self.source.arch.num_kv_heads, tp, 0)  # ValueError if no split
             if config.lora.enable_lora:
