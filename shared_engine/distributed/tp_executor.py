@@ -153,6 +153,7 @@ class TPExecutor:
     def shutdown(self) -> None:
         """Stop the workers and leave the process groups (idempotent)."""
         if self._finalizer.alive and self.error is None:
+            self.monitor.stopping = True  # before the workers exit: their exits are not failures
             try:
                 broadcast_object(("shutdown",))
                 self._stop_state["graceful"] = True

@@ -19,8 +19,10 @@ class EngineSnapshot:
     generation_tokens_total: int = 0
     prefix_cache_queries_total: int = 0  # tokens
     prefix_cache_hits_total: int = 0  # tokens
+    spec_decode_num_drafts_total: int = 0
     spec_decode_num_draft_tokens_total: int = 0
     spec_decode_num_accepted_tokens_total: int = 0
+    spec_decode_num_accepted_tokens_per_pos_total: tuple[int, ...] = ()  # [k]: accepted at draft position j
     # multi-LoRA (max_loras 0: LoRA off): adapter names of running and waiting requests, and in GPU slots
     max_loras: int = 0
     running_lora_adapters: tuple[str, ...] = ()
@@ -30,6 +32,7 @@ class EngineSnapshot:
     @classmethod
     def of(cls, engine) -> EngineSnapshot:
         stats, scheduler = engine.stats, engine.scheduler
+        spec = stats.spec
         return cls(
             num_running=scheduler.num_running,
             num_waiting=scheduler.num_waiting,
@@ -39,8 +42,11 @@ class EngineSnapshot:
             generation_tokens_total=stats.num_generation_tokens_total,
             prefix_cache_queries_total=stats.prefix_cache_queries_total,
             prefix_cache_hits_total=stats.prefix_cache_hits_total,
-            spec_decode_num_draft_tokens_total=getattr(stats, "spec_decode_num_draft_tokens_total", 0),
-            spec_decode_num_accepted_tokens_total=getattr(stats, "spec_decode_num_accepted_tokens_total", 0),
+            **({} if spec is None else dict(
+                spec_decode_num_drafts_total=spec.num_drafts_total,
+                spec_decode_num_draft_tokens_total=spec.num_draft_tokens_total,
+                spec_decode_num_accepted_tokens_total=spec.num_accepted_tokens_total,
+                spec_decode_num_accepted_tokens_per_pos_total=tuple(spec.accepted_per_pos_total))),
             **_lora_fields(engine),
         )
 

@@ -15,6 +15,7 @@ from shared_engine.engine.async_output import AsyncOutputStepper
 from shared_engine.engine.kv_capacity import capacity_line, check_fits, num_kv_blocks
 from shared_engine.engine.output_builder import OutputBuilder
 from shared_engine.engine.request_validator import validate_request
+from shared_engine.engine.spec_stats import SpecDecodeStats
 from shared_engine.engine.stats import EngineStats
 from shared_engine.engine.tokenizer import load_tokenizer
 from shared_engine.model_executor.model_runner import StepResult
@@ -22,6 +23,7 @@ from shared_engine.model_loader.model_source import resolve_model
 from shared_engine.outputs import RequestOutput
 from shared_engine.sampling.grammar import GrammarBackend
 from shared_engine.sampling_params import SamplingParams
+from shared_engine.spec_decode.spec_decoder import SpecDecoder
 
 logger = logging.getLogger("shared_engine")
 
@@ -48,6 +50,12 @@ class LLMEngine:
         self.block_manager = self.scheduler.block_manager
         self.outputs = OutputBuilder(self.tokenizer)
         self.stats = EngineStats()
+        spec = config.speculative_config
+        self.spec = None if spec is None else SpecDecoder(spec, self.max_model_len, engine_config=config,
+                                                          source=self.source, runner=self.runner,
+                                                          tokenizer=self.tokenizer)
+        if self.spec is not None:
+            self.stats.spec = SpecDecodeStats()
         s = config.scheduler
         self.async_outputs = (AsyncOutputStepper(overlap_scheduling=s.async_scheduling)
                               if s.enable_async_output_proc or s.async_scheduling else None)
@@ -68,8 +76,6 @@ class LLMEngine:
             raise ValueError(f"without chunked prefill max_num_batched_tokens ({s.token_budget}) must be >= "
                              f"max_model_len ({config.model.max_model_len})")
         tp = config.parallel.tensor_parallel_size
-        if tp > 1 and config.lora.enable_lora:
-            raise ValueError("enable_lora is not supported with tensor_parallel_size > 1 yet")
         if tp > 1:
             head_partition(self.source.arch.num_heads, self.source.arch.num_kv_heads, tp, 0)  # ValueError if no split
             if config.lora.enable_lora:
@@ -136,6 +142,8 @@ class LLMEngine:
             for child in self.outputs.children(request_id):
                 if self.scheduler.abort_request(child.request_id) is not None:
                     self.runner.release(child.request_id)
+                    if self.spec is not None:
+                        self.spec.release(child.request_id)
             self.outputs.drop(request_id)
 
     def has_unfinished_requests(self) -> bool:
@@ -151,6 +159,7 @@ class LLMEngine:
         if self.async_outputs is not None:
             return self.async_outputs.step(self)
         started = time.perf_counter()
+        self.propose_drafts()
         out = self.scheduler.schedule(time.time())
         if out.is_empty:
             return []
@@ -159,26 +168,40 @@ class LLMEngine:
         result = self.runner.execute(out)
         executed = time.perf_counter()
         now = time.time()
-        tokens = {rid: r.token_id for rid, r in result.sampled.items()}
-        updated = self.scheduler.update_from_output(out, tokens, now)
-        outputs = self.process_outputs(result, updated, now)
+        updated = self.scheduler.update_from_output(out, result.token_ids(), now)
+        outputs, num_tokens = self.process_outputs(out, result, updated, now)
         finished = time.perf_counter()
-        self.stats.on_step(out, len(updated), finished - started, self.scheduler, self.block_manager,
+        self.stats.on_step(out, num_tokens, finished - started, self.scheduler, self.block_manager,
                            phases=(scheduled - started, executed - scheduled, finished - executed,
                                    self.runner.gpu_span_seconds - gpu_before))
+        if self.spec is not None:
+            self.spec.on_step(out, finished - started)
         return outputs
 
-    def process_outputs(self, result: StepResult, updated: list[Request], now: float) -> list[RequestOutput]:
-        """Prompt logprobs, detokenisation and stop strings for a step whose tokens the scheduler has
-        taken (`updated`: `update_from_output`'s requests); a stop string finishes its request (and frees
-        its blocks) here. Returns the step's `RequestOutput`s."""
+    def propose_drafts(self) -> None:
+        """Speculative decoding: drafts for the running requests, for the next `schedule` to take."""
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)
+
+    def process_outputs(self, out, result: StepResult, updated: list[Request],
+                        now: float) -> tuple[list[RequestOutput], int]:
+        """Prompt logprobs, detokenisation and stop strings for a step (`out`) whose tokens the scheduler
+        has taken (`updated`: `update_from_output`'s requests); a stop string finishes its request (and
+        frees its blocks) here. Returns the step's `RequestOutput`s and the tokens it added to outputs."""
         for request_id, (begin, values) in result.prompt_logprobs.items():
             self.outputs.add_prompt_logprobs(request_id, begin, values)
+        if self.stats.spec is not None:
+            self.stats.spec.on_step(out, result.sampled)
+        num_tokens = 0
         for request in updated:
-            stop = self.outputs.on_token(request, result.sampled[request.request_id])
+            stop, kept = self.outputs.on_tokens(request, result.sampled[request.request_id])
+            num_tokens += kept
             if stop is not None and not request.is_finished:
                 request.stop_reason = stop
                 self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, now)
             if request.is_finished:
                 self.runner.release(request.request_id)
-        return self.outputs.collect(updated)
+                if self.spec is not None:
+                    self.spec.on_finished(request)
+                    self.spec.release(request.request_id)
+        return self.outputs.collect(updated), num_tokens

@@ -21,6 +21,7 @@ class _Group:
     cumulative: dict[str, float] = field(default_factory=dict)
     # prompt position → {token id: Logprob} (the prompt token's and the top k), None at position 0
     prompt_logprobs: dict[int, dict[int, Logprob] | None] = field(default_factory=dict)
+    num_seen: dict[str, int] = field(default_factory=dict)  # child id → output tokens already recorded
     final_only: bool = False  # build an output only when the whole group has finished
 
 
@@ -64,23 +65,32 @@ class OutputBuilder:
         for offset, value in enumerate(values):
             group.prompt_logprobs[begin + offset] = value
 
-    def on_token(self, request: Request, sample: SampleResult) -> str | None:
-        """Record a new token; returns the stop string it completed, if any."""
+    def on_tokens(self, request: Request, samples: list[SampleResult]) -> tuple[str | None, int]:
+        """Record a step's new tokens for the request (those the scheduler kept of `samples`: a speculative
+        run is cut at EOS, a stop id or a length limit), one at a time. Returns the stop string one of them
+        completed, if any (the request's later tokens are then dropped, so its text, token ids and logprobs
+        all end at the stop), and how many tokens were recorded."""
         group = self.groups[self._parent[request.request_id]]
         rid = request.request_id
-        if sample.logprob is not None:
-            group.cumulative[rid] = group.cumulative.get(rid, 0.0) + sample.logprob
-            entry = {tid: Logprob(lp, rank=i + 1) for i, (tid, lp) in enumerate(sample.top_logprobs or [])}
-            entry.setdefault(sample.token_id, Logprob(sample.logprob, rank=sample.rank))
-            group.logprobs.setdefault(rid, []).append(entry)
+        seen = group.num_seen.get(rid, 0)
         detok = group.detokenizers[rid]
-        if detok is None:
-            return None
-        check = request.num_output_tokens >= request.sampling_params.min_tokens
-        stop = detok.update([sample.token_id], check_stop=check)
-        if request.is_finished:
+        min_tokens = request.sampling_params.min_tokens
+        stop = None
+        for i, sample in enumerate(samples[: request.num_output_tokens - seen]):
+            if sample.logprob is not None:
+                group.cumulative[rid] = group.cumulative.get(rid, 0.0) + sample.logprob
+                entry = {tid: Logprob(lp, rank=r + 1) for r, (tid, lp) in enumerate(sample.top_logprobs or [])}
+                entry.setdefault(sample.token_id, Logprob(sample.logprob, rank=sample.rank))
+                group.logprobs.setdefault(rid, []).append(entry)
+            if detok is not None:
+                stop = detok.update([sample.token_id], check_stop=seen + i + 1 >= min_tokens)
+                if stop is not None:
+                    del request.output_token_ids[seen + i + 1:]
+                    break
+        group.num_seen[rid] = request.num_output_tokens
+        if detok is not None and request.is_finished:
             detok.flush()
-        return stop
+        return stop, request.num_output_tokens - seen
 
     def collect(self, updated: list[Request]) -> list[RequestOutput]:
         """One `RequestOutput` per group touched in this step; finished groups are then forgotten."""

@@ -28,6 +28,7 @@ from shared_engine.model_loader.weight_loader import init_dummy, load_safetensor
 from shared_engine.outputs import Logprob
 from shared_engine.sampling.grammar import GrammarBackend
 from shared_engine.sampling.logits_processors import LogitsProcessors
+from shared_engine.sampling.rejection_sampler import RejectionSampler
 from shared_engine.sampling.sampler import Sampler, SampleResult
 
 logger = logging.getLogger(__name__)
@@ -37,10 +38,15 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 
 @dataclass
 class StepResult:
-    sampled: dict[str, SampleResult]  # request id → its new token
+    # request id → its new tokens: one, or a speculative decode's accepted drafts and its bonus token
+    sampled: dict[str, list[SampleResult]]
     # request id → (first prompt position, from there per position the prompt token's and the top
     # `prompt_logprobs` tokens' logprobs with ranks; None for position 0)
     prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob] | None]]]
+
+    def token_ids(self) -> dict[str, list[int]]:
+        """request id → its new token ids (what `Scheduler.resolve` takes)."""
+        return {rid: [r.token_id for r in results] for rid, results in self.sampled.items()}
 
 
 @dataclass
@@ -48,8 +54,13 @@ class LaunchedStep:
     """A step enqueued on the device by `ModelRunner.launch`; `ModelRunner.collect` waits for it."""
 
     requests: list  # the sampled rows' requests, in row order
-    tokens: torch.Tensor | None  # [num_sampled] int64 on the device: the next step's placeholder inputs read it
-    token_ids: torch.Tensor | None  # [num_sampled] int64 on the host (pinned on CUDA), filled asynchronously
+    # [num_sampled] int64 on the device: the next step's placeholder inputs read it (None for a step with
+    # drafts, whose rows yield a variable number of tokens: it is resolved before the next is scheduled)
+    tokens: torch.Tensor | None
+    # [num_sampled, 1 + k] int64 on the host (pinned on CUDA), filled asynchronously: each row's new tokens,
+    # then -1 (k = 0 without drafts)
+    token_ids: torch.Tensor | None
+    num_logits: list[int]  # per sampled row: its logits rows (1 + its draft tokens)
     copied: torch.cuda.Event | None  # recorded after the device-to-host copy of the token ids (CUDA)
     raw_logprobs: torch.Tensor | None  # [num_sampled, vocab] fp32 on the device, when logprobs were asked
     prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob] | None]]]
@@ -89,6 +100,7 @@ class ModelRunner:
         self.enable_cascade = (self.device.type == "cuda" and not config.model.disable_cascade_attn
                                and config.cache.enable_prefix_caching)
         self.sampler = Sampler(seed=config.model.seed, processors=LogitsProcessors(grammar))
+        self.rejection_sampler = RejectionSampler(self.sampler, use_kernel=self.device.type == "cuda")
         started = time.perf_counter()
         self.model = self._load(source)
         self.load_seconds = time.perf_counter() - started
@@ -244,27 +256,36 @@ class ModelRunner:
         requests = [out.scheduled[row].request for row in inputs.sampled_rows]
         tokens = token_ids = raw_logprobs = copied = None
         if requests:
-            logits = self.model.compute_logits(hidden[inputs.sample_indices])  # [num_sampled, vocab]
-            tokens, raw_logprobs = self._sample(logits, requests)
+            logits = self.model.compute_logits(hidden[inputs.sample_indices])  # [num_logits, vocab]
+            if out.num_draft_tokens:
+                drafts = [out.scheduled[row].draft_token_ids for row in inputs.sampled_rows]
+                emitted, raw_logprobs = self._verify(logits, requests, drafts)
+            else:
+                tokens, raw_logprobs = self._sample(logits, requests)
+                emitted = tokens[:, None]
             if cuda:
-                token_ids = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-                token_ids.copy_(tokens, non_blocking=True)
+                token_ids = torch.empty(emitted.shape, dtype=emitted.dtype, pin_memory=True)
+                token_ids.copy_(emitted, non_blocking=True)
                 copied = torch.cuda.Event()
                 copied.record()
             else:
-                token_ids = tokens
+                token_ids = emitted
         if cuda:
             span[1].record()
-        return LaunchedStep(requests, tokens, token_ids, copied, raw_logprobs, prompt_logprobs, span)
+        return LaunchedStep(requests, tokens, token_ids, inputs.num_logits, copied, raw_logprobs, prompt_logprobs,
+                            span)
 
     @torch.inference_mode()
     def collect(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step's sampled ids and return its `StepResult`."""
-        sampled: dict[str, SampleResult] = {}
+        sampled: dict[str, list[SampleResult]] = {}
         if step.requests:
             if step.copied is not None:
                 step.copied.synchronize()
-            results = self.sampler.results(step.token_ids.tolist(), step.raw_logprobs, step.requests)
+            rows = step.token_ids.tolist()
+            if step.token_ids.shape[1] > 1:
+                rows = [[t for t in row if t >= 0] for row in rows]
+            results = self.sampler.results(rows, step.raw_logprobs, step.requests, step.num_logits)
             sampled = {request.request_id: result for request, result in zip(step.requests, results)}
         if step.span is not None:
             start, end = step.span
@@ -282,6 +303,18 @@ class ModelRunner:
         if self.broadcast_sampled:
             tp_broadcast(tokens)
         return tokens, raw_logprobs
+
+    def _verify(self, logits: torch.Tensor, requests: list, drafts: list[list[int]]):
+        """Rank 0's rejection sampler; the other ranks receive its emitted tokens `[num_sampled, k + 1]` by
+        broadcast (as `_sample`)."""
+        if self.is_driver:
+            emitted, raw_logprobs = self.rejection_sampler.sample(logits, requests, drafts)
+        else:
+            k = max(len(d) for d in drafts)
+            emitted, raw_logprobs = torch.empty((len(requests), k + 1), dtype=torch.long, device=self.device), None
+        if self.broadcast_sampled:
+            tp_broadcast(emitted)
+        return emitted, raw_logprobs
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, inputs) -> dict[str, list]:
         """Log-probability of each prompt token given the ones before it (for `prompt_logprobs`/echo), in

@@ -33,6 +33,7 @@ from shared_engine.sim.workload import RequestSpec, WorkloadGenerator
 from shared_engine.sim.workload_spec import WorkloadSpec
 
 DUMMY_TOKEN_ID = 0
+_DUMMY_TOKENS = (DUMMY_TOKEN_ID,)  # one sampled token per row (the scheduler takes a sequence)
 _PARAMS = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
 
 
@@ -144,7 +145,7 @@ class Simulator:
                 pairs += n * start + (n * (n + 1) >> 1)
                 if item.needs_sample:
                     request = item.request
-                    sampled[request.request_id] = DUMMY_TOKEN_ID
+                    sampled[request.request_id] = _DUMMY_TOKENS
                     if request.last_token_time is not None:
                         last_token_times.append(request.last_token_time)
             num_tokens = out.num_batched_tokens

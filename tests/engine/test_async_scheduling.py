@@ -186,10 +186,10 @@ def test_resolve_without_a_placeholder_is_an_error(tiny_model_dir):
     engine.add_request("a", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     out = engine.scheduler.schedule(0.0)
     with pytest.raises(RuntimeError, match="no placeholder"):
-        engine.scheduler.resolve(out, {"a": 9}, 0.0)  # apply_launched(out) never ran
+        engine.scheduler.resolve(out, {"a": [9]}, 0.0)  # apply_launched(out) never ran
     engine.scheduler.apply_launched(out, 0.0)
     assert out.scheduled[0].request.output_token_ids == [-1]
-    assert [r.request_id for r in engine.scheduler.resolve(out, {"a": 9}, 0.0)] == ["a"]
+    assert [r.request_id for r in engine.scheduler.resolve(out, {"a": [9]}, 0.0)] == ["a"]
     assert out.scheduled[0].request.output_token_ids == [9]
 
 

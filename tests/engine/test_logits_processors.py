@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -144,8 +146,6 @@ def test_async_scheduling_same_outputs_and_grammar_waits(llm):
     grammar_steps = launches[: len(ours(llm, ids, **cases[0]))]  # the first request's steps
     for n in grammar_steps[1:]:
         assert log.index(("collect", n - 1)) < log.index(("launch", n))
-    import json
-
     text = llm.get_tokenizer().decode(ours(llm, ids, **cases[0]), skip_special_tokens=True)
     assert set(json.loads(text)) == {"colour"}
 
@@ -159,3 +159,10 @@ def test_a_grammar_that_fails_to_compile_ends_the_request_not_the_engine(llm):
     matcher = llm.engine.grammar.matcher(bad)
     allowed = matcher.mask_after([])
     assert allowed.nonzero().flatten().tolist() == [EOS]
+
+
+
+def test_min_tokens_with_a_grammar_is_refused():
+    """A complete JSON value allows only EOS, which min_tokens would mask: the pair is a ValueError (a 400)."""
+    with pytest.raises(ValueError, match="min_tokens cannot be combined"):
+        SamplingParams(min_tokens=5, structured_outputs=StructuredOutputsParams(json_object=True))

@@ -39,7 +39,10 @@ def _error(r) -> dict:
                               "top_logprobs": 21}, "top_logprobs"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, "logit_bias"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
     ("/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": True, "x": 1}}, "stream_options.x"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "min_tokens": 3,
+                              "response_format": {"type": "json_object"}}, "min_tokens"),
 ])
 def test_unsupported_fields_are_400_naming_them(server, path, body, param):
     error = _error(server.post(path, {"model": server.model, "max_tokens": 2, **body}))

@@ -117,6 +117,10 @@ def test_auto_parser():
     parsed = parse_tool_calls(text, tools)
     assert parsed.content == "Let me check." and len(parsed.tool_calls) == 1
     assert json.loads(parsed.tool_calls[0].function.arguments) == {"city": "Oslo", "unit": "celsius"}
+    two = text + "\n" + text.split("\n", 1)[1].replace("Oslo", "Rome")
+    assert [json.loads(c.function.arguments)["city"] for c in parse_tool_calls(two, tools).tool_calls] == \
+        ["Oslo", "Rome"]
+    assert len(parse_tool_calls(two, tools, parallel=False).tool_calls) == 1
     unterminated = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {}}', tools)
     assert unterminated.content is None and len(unterminated.tool_calls) == 1
     for not_a_call in ('<tool_call>{"name": "other", "arguments": {}}</tool_call>', "<tool_call>{broken",

@@ -53,8 +53,15 @@ class _EngineCollector:
             "vllm:spec_decode_num_accepted_tokens": ("Draft tokens accepted.",
                                                      snap.spec_decode_num_accepted_tokens_total),
         }
+        counters["vllm:spec_decode_num_drafts"] = ("Speculative decodes verified (requests x steps).",
+                                                   snap.spec_decode_num_drafts_total)
         for name, (doc, value) in counters.items():
             yield self._one(CounterMetricFamily(name, doc, labels=["model_name"]), value)
+        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted draft tokens by draft position.", labels=["model_name", "position"])
+        for position, value in enumerate(snap.spec_decode_num_accepted_tokens_per_pos_total):
+            per_pos.add_metric([self.model_name, str(position)], value)
+        yield per_pos
         if snap.max_loras:
             yield self._lora_info(snap)
 

@@ -70,7 +70,7 @@ class ServingChat:
     def _choice(self, c: CompletionOutput, req: ChatCompletionRequest, mode: str | None, k) -> ChatChoice:
         text, calls = visible_text(c), []
         if mode == "auto":
-            parsed = parse_tool_calls(text, req.tools)
+            parsed = parse_tool_calls(text, req.tools, req.parallel_tool_calls is not False)
             text, calls = parsed.content, parsed.tool_calls
         elif mode in ("required", "named"):
             text, calls = None, calls_from_json(text, named_tool(req))
@@ -157,7 +157,7 @@ class _ToolStream:
             piece, self.sent = self.text[self.sent:safe], max(self.sent, safe)
             return DeltaMessage(content=piece or None)
         if self.mode == "auto":
-            parsed = parse_tool_calls(self.text, self.req.tools)
+            parsed = parse_tool_calls(self.text, self.req.tools, self.req.parallel_tool_calls is not False)
             content, calls = parsed.content or "", parsed.tool_calls
             rest = content[self.sent:] if content.startswith(self.text[:self.sent]) else ""
         else:

@@ -90,9 +90,10 @@ class ParsedOutput:
     tool_calls: list[ToolCall]
 
 
-def parse_tool_calls(text: str, tools: list[Tool]) -> ParsedOutput:
+def parse_tool_calls(text: str, tools: list[Tool], parallel: bool = True) -> ParsedOutput:
     """Hermes calls in `text` (an unterminated last call counts when its JSON is complete). A call whose
-    JSON does not parse, or that names no given tool, stays in the content."""
+    JSON does not parse, or that names no given tool, stays in the content; with `parallel` False
+    (`parallel_tool_calls: false`) only the first call is kept and the text after it is dropped."""
     names = {t.function.name for t in tools}
     calls, kept, last = [], [], 0
     for match in _CALL.finditer(text):
@@ -105,6 +106,9 @@ def parse_tool_calls(text: str, tools: list[Tool]) -> ParsedOutput:
         calls.append(new_call(body["name"], body.get("arguments", body.get("parameters", {}))))
         kept.append(text[last:match.start()])
         last = match.end()
+        if not parallel:
+            last = len(text)
+            break
     kept.append(text[last:])
     content = "".join(kept).strip() if calls else text
     return ParsedOutput(content or None, calls)
