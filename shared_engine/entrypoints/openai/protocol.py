@@ -79,7 +79,8 @@ class SamplingFields(OpenAIModel):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=_INT64)
     user: str | None = None
-    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's shape) → bias in [-100, 100]
+    # token id (as a string, OpenAI's shape) → bias in [-100, 100]; bounded: each entry costs every step
+    logit_bias: dict[str, float] | None = Field(None, max_length=1024)
     cache_salt: str | None = Field(None, min_length=1, max_length=1024)
     prompt_logprobs: int | None = Field(None, ge=0, le=_INT64)
     request_id: str | None = Field(None, min_length=1, max_length=256)
