@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared_engine.config.validation import check_range
+from shared_engine.config.validation import check_choice, check_range
 
 
 @dataclass(frozen=True)
@@ -29,11 +29,13 @@ class SchedulerConfig:
     max_waiting_requests: int | None = 1024
     enable_async_output_proc: bool = False
     async_scheduling: bool | None = None  # None: on for CUDA, off for the CPU (EngineConfig.with_resolved_defaults)
+    scheduling_policy: str = "fcfs"  # fcfs | priority | fair (core/scheduling/; vLLM's --scheduling-policy)
 
     def __post_init__(self) -> None:
         check_range("max_num_seqs", self.max_num_seqs, 1, 65536)
         check_range("max_num_batched_tokens", self.max_num_batched_tokens, 1, allow_none=True)
         check_range("max_waiting_requests", self.max_waiting_requests, 0, allow_none=True)
+        check_choice("scheduling_policy", self.scheduling_policy, {"fcfs", "priority", "fair"})
 
     @property
     def token_budget(self) -> int:
