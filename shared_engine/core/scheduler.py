@@ -18,6 +18,10 @@ runner's GPU slots), so a slot is never taken from a running request. A waiting 
 would exceed the limit is skipped, and so is every adapter request behind it (base-model requests still
 pass): no new adapter traffic joins until a slot frees, so the skipped request cannot be starved by a
 stream of requests for the adapters already resident.
+
+Partial-prefill caps (`max_num_partial_prefills`, `max_long_partial_prefills`, `long_prefill_token_threshold`;
+`prefill_caps.py`): a long prefill's chunk is capped, and a waiting request the caps do not admit is skipped
+(the requests behind it may pass), so short turns join beside a long cold prefill.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from shared_engine.config.scheduler_config import SchedulerConfig
 from shared_engine.core.block_manager import BlockManager
+from shared_engine.core.prefill_caps import PartialPrefillCaps
 from shared_engine.core.request import Request, RequestStatus
 from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 
@@ -69,6 +74,7 @@ class Scheduler:
         self.prefix_cache_hits = 0  # of those, tokens served from it
         self._watermark_blocks = int(_ADMISSION_WATERMARK * block_manager.num_blocks)
         self._drafts_in_flight = False  # a launched step with drafts is not resolved yet
+        self._caps_active = PartialPrefillCaps.active(config)
 
     # ---- queue management ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -104,12 +110,13 @@ class Scheduler:
         budget = self.config.token_budget
         scheduled_ids: set[str] = set()
         block_tables, block_size = self.block_manager.block_tables, self.block_manager.block_size
+        caps = PartialPrefillCaps(self.config) if self._caps_active else None
         for request, remaining in self._running_in_order():
             if budget == 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(remaining, budget)
+            num_new = caps.chunk(remaining, budget) if caps is not None and remaining > 1 else min(remaining, budget)
             # More tokens than the held blocks have slots for? Most decode steps still fit in the last block.
             table = block_tables.get(request.request_id, ())
             num_drafts = 0
@@ -125,7 +132,9 @@ class Scheduler:
         if out.num_draft_tokens:  # decodes, speculative decodes, prefill chunks (the input builder's order)
             out.scheduled.sort(key=_step_order)
         if not out.preempted_request_ids:
-            budget = self._admit_waiting(out, budget, scheduled_ids)
+            if caps is not None:  # counted after the loop: preemptions above may have taken prefills out
+                caps = PartialPrefillCaps(self.config, (r.num_remaining_tokens for r in self.running))
+            budget = self._admit_waiting(out, budget, scheduled_ids, caps)
         if self.max_loras is not None:
             out.running_loras = frozenset(self._running_loras())
         return out
@@ -191,7 +200,8 @@ class Scheduler:
         self.block_manager.allocate(request, num_new)
         return True
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int, scheduled_ids: set[str]) -> int:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, scheduled_ids: set[str],
+                       caps: PartialPrefillCaps | None = None) -> int:
         bm = self.block_manager
         deferred: list[Request] = []
         active = None if self.max_loras is None else self._running_loras()
@@ -209,6 +219,11 @@ class Scheduler:
                 continue
             num_cached_tokens = len(cached) * bm.block_size
             num_uncached = num_new = request.num_tokens - num_cached_tokens
+            if caps is not None:
+                if not caps.admits(num_uncached):
+                    deferred.append(self.waiting.popleft())  # no prefill slot for it: later ones may pass
+                    continue
+                num_new = caps.chunk(num_uncached, budget)
             if num_new > budget:
                 if not self.config.enable_chunked_prefill:
                     break
@@ -228,6 +243,8 @@ class Scheduler:
             request.num_computed_tokens = num_cached_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            if caps is not None:
+                caps.add(num_uncached)
             if active is not None and request.lora_name is not None:
                 active.add(request.lora_key)
             self._add(out, request, num_new, num_new == num_uncached, bm.block_tables[request.request_id],
