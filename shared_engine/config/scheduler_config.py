@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared_engine.config.validation import check_range
+from shared_engine.config.validation import check_choice, check_range
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class SchedulerConfig:
     max_num_partial_prefills: int | None = None
     max_long_partial_prefills: int | None = None
     long_prefill_token_threshold: int = 0
+    scheduling_policy: str = "fcfs"  # fcfs | priority | fair (core/scheduling/; vLLM's --scheduling-policy)
 
     def __post_init__(self) -> None:
         check_range("max_num_seqs", self.max_num_seqs, 1, 65536)
@@ -53,6 +54,7 @@ class SchedulerConfig:
                                                 or self.long_prefill_token_threshold):
             raise ValueError("max_num_partial_prefills and long_prefill_token_threshold need "
                              "enable_chunked_prefill=True")
+        check_choice("scheduling_policy", self.scheduling_policy, {"fcfs", "priority", "fair"})
 
     @property
     def token_budget(self) -> int:

@@ -5,7 +5,7 @@ how large one long request's chunk may be per step (vLLM's `--max-num-partial-pr
 A request is *mid-prefill* while more than one of its tokens is uncached (`num_remaining_tokens > 1`), and
 *long* while more than `long_prefill_token_threshold` are. The scheduler builds one of these per step, with
 the running requests that are mid-prefill, and asks it before admitting a waiting request
-(`admits`), after which it `add`s the admitted one, and for the size of every prefill chunk (`chunk`).
+(`admits`), after which it `add`s the admitted one; `chunker` sizes every prefill chunk.
 With `max_long_partial_prefills < max_num_partial_prefills`, a slot is always left for a short prompt, and
 with the chunk cap a long prompt never takes the whole token budget: a short turn arriving during another
 session's cold 60k-token prefill is scheduled at the next step instead of after the long one finishes
@@ -15,7 +15,7 @@ without them).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from shared_engine.config.scheduler_config import SchedulerConfig
 
@@ -33,10 +33,22 @@ class PartialPrefillCaps:
         for remaining in remaining_of_running:
             self.add(remaining)
 
+    @classmethod
+    def for_step(cls, config: SchedulerConfig, running: Iterable) -> PartialPrefillCaps | None:
+        """This step's caps, counting the `running` requests mid-prefill; None when no cap is set."""
+        if not (config.max_num_partial_prefills or config.max_long_partial_prefills
+                or config.long_prefill_token_threshold):
+            return None
+        return cls(config, (r.num_remaining_tokens for r in running))
+
     @staticmethod
-    def active(config: SchedulerConfig) -> bool:
-        return bool(config.max_num_partial_prefills or config.max_long_partial_prefills
-                    or config.long_prefill_token_threshold)
+    def chunker(config: SchedulerConfig) -> Callable[[int, int], int]:
+        """`(remaining, budget) -> tokens this step`: a long prefill gets at most the threshold; plain `min`
+        when there is no threshold."""
+        threshold = config.long_prefill_token_threshold
+        if not threshold:
+            return min
+        return lambda remaining, budget: min(remaining, budget, threshold)
 
     def is_long(self, remaining: int) -> bool:
         return 0 < self.threshold < remaining
@@ -54,9 +66,3 @@ class PartialPrefillCaps:
             return
         self.num_partial += 1
         self.num_long += self.is_long(remaining)
-
-    def chunk(self, remaining: int, budget: int) -> int:
-        """Tokens of a prefill with `remaining` uncached tokens to schedule now, given the step's budget
-        left: a long one gets at most `long_prefill_token_threshold`."""
-        n = min(remaining, budget)
-        return min(n, self.threshold) if self.is_long(remaining) else n

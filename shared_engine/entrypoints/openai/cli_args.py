@@ -63,6 +63,8 @@ _HELP = {
     "--long-prefill-token-threshold, so short prompts keep a slot (default: no cap)",
     "long_prefill_token_threshold": "a prompt with more uncached tokens is long, and gets at most this many "
     "tokens per step (0: off)",
+    "scheduling_policy": "order of admission of waiting requests: fcfs (arrival), priority (the request's "
+    "priority, lower first) or fair (per-tenant virtual token counters, VTC; the request's tenant field)",
     "enable_lora": "serve LoRA adapters (requests pick one by their model field)",
     "max_loras": "GPU adapter slots: most distinct adapters among running requests",
     "max_lora_rank": "largest adapter rank accepted (each slot's size)",
