@@ -19,6 +19,9 @@ would exceed the limit is skipped, and so is every adapter request behind it (ba
 pass): no new adapter traffic joins until a slot frees, so the skipped request cannot be starved by a
 stream of requests for the adapters already resident.
 
+Partial-prefill caps (`prefill_caps.py`): a long prefill's chunk is capped; a waiting request the caps do not
+admit is skipped (those behind it may pass), so short turns join beside a long cold prefill.
+
 Scheduling policy (`config.scheduling_policy`, core/scheduling/): the order in which waiting requests are
 admitted and the preemption victim. `fcfs` (the default) keeps the queue's order as described above;
 `priority` and `fair` (per-tenant virtual token counters) reorder the waiting queue before admission.
@@ -32,6 +35,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from shared_engine.config.scheduler_config import SchedulerConfig
 from shared_engine.core.block_manager import BlockManager
+from shared_engine.core.prefill_caps import PartialPrefillCaps
 from shared_engine.core.request import Request, RequestStatus
 from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared_engine.core.scheduling import make_scheduling_policy
@@ -74,6 +78,7 @@ class Scheduler:
         self.prefix_cache_hits = 0  # of those, tokens served from it
         self._watermark_blocks = int(_ADMISSION_WATERMARK * block_manager.num_blocks)
         self._drafts_in_flight = False  # a launched step with drafts is not resolved yet
+        self._chunk = PartialPrefillCaps.chunker(config)  # (remaining, budget) -> tokens this step
         self.policy = make_scheduling_policy(config.scheduling_policy)
 
     # ---- queue management ----------------------------------------------------------------------------
@@ -116,7 +121,7 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(remaining, budget)
+            num_new = self._chunk(remaining, budget)
             # More tokens than the held blocks have slots for? Most decode steps still fit in the last block.
             table = block_tables.get(request.request_id, ())
             num_drafts = 0
@@ -200,6 +205,7 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, scheduled_ids: set[str]) -> int:
         bm = self.block_manager
+        caps = PartialPrefillCaps.for_step(self.config, self.running)
         ordered = self.policy.order(self.waiting) if self.waiting else None
         if ordered is not None:
             self.waiting.clear()
@@ -220,10 +226,14 @@ class Scheduler:
                 continue
             num_cached_tokens = len(cached) * bm.block_size
             num_uncached = num_new = request.num_tokens - num_cached_tokens
+            if caps is not None and not caps.admits(num_uncached):
+                deferred.append(self.waiting.popleft())  # no prefill slot for it: later ones may pass
+                continue
             if num_new > budget:
                 if not self.config.enable_chunked_prefill:
                     break
                 num_new = budget
+            num_new = self._chunk(num_new, budget)
             if self.running and not self._above_watermark(request, num_new, cached):
                 break
             if not bm.can_allocate(request, num_new, cached_blocks=cached):
@@ -239,6 +249,8 @@ class Scheduler:
             request.num_computed_tokens = num_cached_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            if caps is not None:
+                caps.add(num_uncached)
             if active is not None and request.lora_name is not None:
                 active.add(request.lora_key)
             self._add(out, request, num_new, num_new == num_uncached, bm.block_tables[request.request_id],
