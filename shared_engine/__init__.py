@@ -16,6 +16,10 @@ def __getattr__(name: str):
         from shared_engine.entrypoints.llm import LLM
 
         return LLM
+    if name == "LoRARequest":
+        from shared_engine.lora.lora_request import LoRARequest
+
+        return LoRARequest
     if name in ("RequestOutput", "CompletionOutput"):
         from shared_engine import outputs
 
@@ -23,4 +27,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "__version__"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "EngineConfig", "__version__"]

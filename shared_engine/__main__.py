@@ -1,7 +1,9 @@
 """`python -m shared_engine <command>` (also the `shared-engine` console script).
 
 Commands: `prepare-model` (convert the embedded default model once and print its directory);
-`serve [MODEL] [--config FILE.yaml] [flags]` (the OpenAI-compatible server; needs the `server` extra).
+`serve [MODEL] [--config FILE.yaml] [flags]` (the OpenAI-compatible server; needs the `server` extra);
+`run-batch -i IN.jsonl -o OUT.jsonl [MODEL] [--config FILE.yaml] [flags]` (an OpenAI batch file through the
+offline engine, vLLM's shape; needs the `server` extra for the request and response models).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     from shared_engine.entrypoints.openai.cli_args import add_serve_arguments, build_configs
 
     add_serve_arguments(sub.add_parser("serve", help="run the OpenAI-compatible HTTP server"))
+    from shared_engine.entrypoints.batch.cli_args import add_run_batch_arguments
+
+    add_run_batch_arguments(sub.add_parser("run-batch", help="run an OpenAI batch file (JSONL) through the "
+                                           "offline engine: -i IN.jsonl -o OUT.jsonl"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     if args.command == "prepare-model":
@@ -32,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         from shared_engine.entrypoints.openai.api_server import run_server
 
         run_server(engine_config, server_config)
+    elif args.command == "run-batch":
+        from shared_engine.entrypoints.batch.cli_args import main as run_batch_main
+
+        return run_batch_main(args)
     return 0
 
 

@@ -5,6 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 _GREEDY_EPS = 1e-5
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values: [-100, 100]
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """A constraint on the output text (vLLM's name): `json` a JSON schema (dict or its JSON text),
+    `json_object` any JSON object, `grammar` a Lark grammar (llguidance's dialect, which may embed
+    `%json {...}`). Exactly one is set. Compiled and enforced by `sampling/grammar.py`."""
+
+    json: dict | str | None = None
+    json_object: bool = False
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        count = (self.json is not None) + bool(self.json_object) + (self.grammar is not None)
+        _check(count == 1, f"structured_outputs needs exactly one of json, json_object, grammar; got {count}")
 
 
 @dataclass
@@ -17,7 +33,11 @@ class SamplingParams:
     (Keskar et al. 2019, https://arxiv.org/abs/1909.05858). `max_tokens` None means up to the context
     limit. `seed` gives each of the `n` sequences its own reproducible random stream. `logprobs` is the
     number of top log-probabilities returned per generated token (0 = only the sampled token's,
-    None = none); `prompt_logprobs` likewise for prompt tokens.
+    None = none); `prompt_logprobs` likewise for prompt tokens. `min_tokens`: EOS and `stop_token_ids`
+    are masked (logit -inf) until that many tokens were generated (as vLLM and transformers'
+    `min_new_tokens`). `logit_bias` maps token ids to values in [-100, 100] added to their logits
+    (OpenAI's semantics). `structured_outputs` constrains the text (JSON schema, JSON object, grammar).
+    Logits processing (bias, masks, grammar, penalties) is in `sampling/logits_processors.py`.
 
     Raises:
         ValueError: from `validate()` (called on construction) for values outside these ranges.
@@ -41,6 +61,8 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -48,6 +70,8 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias is not None:
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()} or None
         if self.top_k is None or self.top_k == 0:
             self.top_k = -1
         self.validate()
@@ -79,6 +103,10 @@ class SamplingParams:
                 f"{name} must be between 0 and {max_logprobs}, got {value}",
             )
         _check(all(s for s in self.stop), "stop strings must be non-empty")
+        for token_id, bias in (self.logit_bias or {}).items():
+            _check(token_id >= 0, f"logit_bias: token ids must be non-negative, got {token_id}")
+            _check(-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS,
+                   f"logit_bias: values must be in [-100, 100], got {bias} for token {token_id}")
 
     @property
     def greedy(self) -> bool:
@@ -88,6 +116,17 @@ class SamplingParams:
     @property
     def needs_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1.0
+
+    @property
+    def needs_output_history(self) -> bool:
+        """Whether processing a step's logits reads the values of the tokens generated so far (penalties,
+        a grammar's state), so that with async scheduling the step in flight must be collected first."""
+        return self.needs_penalties or self.structured_outputs is not None
+
+    @property
+    def needs_logits_processing(self) -> bool:
+        """Whether `LogitsProcessors` changes this request's logits at all (the fast path skips it)."""
+        return (self.needs_output_history or self.min_tokens > 0 or bool(self.logit_bias))
 
     def clone(self, **changes) -> SamplingParams:
         from dataclasses import replace

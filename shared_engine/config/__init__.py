@@ -3,7 +3,8 @@
 from shared_engine.config.cache_config import CacheConfig
 from shared_engine.config.device_config import DeviceConfig
 from shared_engine.config.engine_config import EngineConfig
+from shared_engine.config.lora_config import LoRAConfig
 from shared_engine.config.model_config import ModelConfig
 from shared_engine.config.scheduler_config import SchedulerConfig
 
-__all__ = ["CacheConfig", "DeviceConfig", "EngineConfig", "ModelConfig", "SchedulerConfig"]
+__all__ = ["CacheConfig", "DeviceConfig", "EngineConfig", "LoRAConfig", "ModelConfig", "SchedulerConfig"]

@@ -12,10 +12,12 @@ from typing import Any
 
 from shared_engine.config.cache_config import CacheConfig
 from shared_engine.config.device_config import DeviceConfig
+from shared_engine.config.lora_config import LoRAConfig
 from shared_engine.config.model_config import ModelConfig
 from shared_engine.config.scheduler_config import SchedulerConfig
 
-_SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "device": DeviceConfig}
+_SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "device": DeviceConfig,
+             "lora": LoRAConfig}
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     @classmethod
     def field_names(cls) -> dict[str, str]:

@@ -26,7 +26,7 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True
-    max_waiting_requests: int | None = None
+    max_waiting_requests: int | None = 1024
     enable_async_output_proc: bool = False
     async_scheduling: bool | None = None  # None: on for CUDA, off for the CPU (EngineConfig.with_resolved_defaults)
 

@@ -40,7 +40,7 @@ def hash_block(fn: Callable[[tuple], BlockHash], parent: BlockHash, token_ids: S
     return fn((parent, tuple(token_ids), extra_keys))
 
 
-def extra_keys_for(lora_name: str | None, lora_version: int | None, cache_salt: str | None) -> tuple | None:
+def extra_keys_for(lora_name: str | None, lora_version: str | None, cache_salt: str | None) -> tuple | None:
     """The first block's extra keys; None when the request has no adapter and no salt."""
     if lora_name is None and cache_salt is None:
         return None

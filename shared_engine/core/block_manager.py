@@ -218,7 +218,7 @@ class BlockManager:
             bs = self.block_size
             tokens = tuple(request.token_ids_slice(done * bs, num_blocks * bs))  # its slices are the blocks' keys
             parent = hashes[-1] if hashes else ROOT
-            extra = None if hashes else extra_keys_for(request.lora_name, getattr(request, "lora_version", None),
+            extra = None if hashes else extra_keys_for(request.lora_name, request.lora_version,
                                                        request.cache_salt)
             for start in range(0, len(tokens), bs):
                 parent = hash_block(self._hash_fn, parent, tokens[start:start + bs], extra)

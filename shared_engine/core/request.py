@@ -46,7 +46,12 @@ class Request:
     parent_id: str | None = None
     index: int = 0  # which of the parent's n choices
     cache_salt: str | None = None
+    # The adapter (None: the base model). `lora_name` and `lora_version` key the prefix cache and count
+    # toward the scheduler's `max_loras`; `lora_request` (a `shared_engine.lora.LoRARequest`, plain data)
+    # tells the model runner which weights to load. Given a `lora_request`, the other two come from it.
     lora_name: str | None = None
+    lora_version: str | None = None
+    lora_request: object | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first schedule
@@ -58,6 +63,16 @@ class Request:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.lora_request is not None:
+            self.lora_name = self.lora_request.lora_name
+            self.lora_version = self.lora_request.cache_key
+
+    @property
+    def lora_key(self) -> tuple[str, str | None] | None:
+        """The adapter's identity for slot accounting (name and version), or None for the base model."""
+        return None if self.lora_name is None else (self.lora_name, self.lora_version)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -5,6 +5,12 @@ running requests first (decodes, 1 token each, then unfinished prefill chunks), 
 arrival order, each getting as many prompt tokens as the budget leaves (a chunk). When the KV pool runs
 dry it preempts by recompute: the most recently arrived running request loses its blocks and goes back to
 the front of the waiting queue (Orca, Yu et al. 2022; vLLM's recompute preemption). Imports no torch.
+
+Multi-LoRA (`max_loras` set): the running requests use at most `max_loras` distinct adapters (the model
+runner's GPU slots), so a slot is never taken from a running request. A waiting request whose adapter
+would exceed the limit is skipped, and so is every adapter request behind it (base-model requests still
+pass): no new adapter traffic joins until a slot frees, so the skipped request cannot be starved by a
+stream of requests for the adapters already resident.
 """
 
 from __future__ import annotations
@@ -32,12 +38,15 @@ def build_scheduler(config, num_blocks: int, max_model_len: int) -> Scheduler:
     cache = config.cache
     block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching,
                                  cache.prefix_cache_eviction, cache.prefix_caching_hash_algo)
-    return Scheduler(config.scheduler, block_manager, max_model_len)
+    max_loras = config.lora.max_loras if config.lora.enable_lora else None
+    return Scheduler(config.scheduler, block_manager, max_model_len, max_loras)
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int,
+                 max_loras: int | None = None) -> None:
         self.config = config
+        self.max_loras = max_loras
         self.block_manager = block_manager
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
@@ -97,7 +106,12 @@ class Scheduler:
             budget -= num_new
         if not out.preempted_request_ids:
             budget = self._admit_waiting(out, budget, scheduled_ids)
+        if self.max_loras is not None:
+            out.running_loras = frozenset(self._running_loras())
         return out
+
+    def _running_loras(self) -> set:
+        return {r.lora_key for r in self.running if r.lora_name is not None}
 
     def _running_in_order(self) -> Iterator[tuple[Request, int]]:
         """Running requests with their tokens left to compute: decodes (one token) first, then partial
@@ -143,8 +157,15 @@ class Scheduler:
     def _admit_waiting(self, out: SchedulerOutput, budget: int, scheduled_ids: set[str]) -> int:
         bm = self.block_manager
         deferred: list[Request] = []
+        active = None if self.max_loras is None else self._running_loras()
+        lora_blocked = False
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if active is not None and request.lora_name is not None and (
+                    lora_blocked or (request.lora_key not in active and len(active) >= self.max_loras)):
+                lora_blocked = True  # see the module docstring: nothing with an adapter passes it
+                deferred.append(self.waiting.popleft())
+                continue
             cached = bm.find_cached_prefix(request)
             if bm.is_prefix_pending(request, len(cached)):
                 deferred.append(self.waiting.popleft())  # its prefix is being computed: reuse it next step
@@ -170,6 +191,8 @@ class Scheduler:
             request.num_computed_tokens = num_cached_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            if active is not None and request.lora_name is not None:
+                active.add(request.lora_key)
             self._add(out, request, num_new, num_new == num_uncached, bm.block_tables[request.request_id],
                       scheduled_ids)
             budget -= num_new

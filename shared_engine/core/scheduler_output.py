@@ -47,6 +47,9 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)
     num_batched_tokens: int = 0
+    # multi-LoRA: the adapters (`Request.lora_key`) of every running request after this step's admissions;
+    # the model runner keeps their GPU slots (at most `max_loras`). Empty when LoRA is off.
+    running_loras: frozenset = frozenset()
 
     @property
     def is_empty(self) -> bool:

@@ -65,8 +65,8 @@ delay: a request that EOS or a stop token id ends at step n was already schedule
 for it is wasted and whose token is dropped (as for stop strings above); blocks it frees reach the scheduler
 a step later; blocks step n filled reach the prefix cache a step later. A request whose placeholder is its
 last token by length (max_tokens, max_model_len) is not scheduled again. When step n+1 has a request with
-repetition / presence / frequency penalties (which read the output tokens), step n is collected before
-step n+1 is launched. Greedy and seeded outputs are the same as without the flag (tests/engine).
+repetition / presence / frequency penalties or a grammar (which read the output tokens), step n is
+collected before step n+1 is launched. Greedy and seeded outputs are the same as without the flag (tests/engine).
 """
 
 from __future__ import annotations
@@ -142,9 +142,10 @@ class AsyncOutputStepper:
 
     @staticmethod
     def _needs_resolved_history(out: SchedulerOutput) -> bool:
-        """Whether the step's sampling reads output tokens (penalties), so the step in flight must be
-        resolved before it is launched."""
-        return any(item.request.sampling_params.needs_penalties for item in out.scheduled if item.needs_sample)
+        """Whether the step's sampling reads output tokens (penalties, a grammar's state), so the step in
+        flight must be resolved before it is launched."""
+        return any(item.request.sampling_params.needs_output_history for item in out.scheduled
+                   if item.needs_sample)
 
     @staticmethod
     def _collect(engine: LLMEngine, step: _InFlightStep) -> _Collected:

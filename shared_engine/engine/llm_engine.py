@@ -18,6 +18,7 @@ from shared_engine.engine.tokenizer import load_tokenizer
 from shared_engine.model_executor.model_runner import ModelRunner, StepResult
 from shared_engine.model_loader.model_source import resolve_model
 from shared_engine.outputs import RequestOutput
+from shared_engine.sampling.grammar import GrammarBackend
 from shared_engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("shared_engine")
@@ -34,7 +35,9 @@ class LLMEngine:
         self.max_model_len = config.model.max_model_len
         self.tokenizer = load_tokenizer(self.source.tokenizer_path)
         self.eos_token_ids = frozenset(self._eos_ids())
-        self.runner = ModelRunner(config, self.source)
+        self.grammar = (GrammarBackend(self.tokenizer, self.source.arch.vocab_size, self.eos_token_ids)
+                        if self.tokenizer is not None else None)
+        self.runner = ModelRunner(config, self.source, self.grammar)
         num_blocks = num_kv_blocks(config, self.runner.kv_bytes_per_block, self.runner.free_kv_bytes())
         check_fits(num_blocks, config.cache.block_size, self.max_model_len)
         self.runner.allocate_kv_cache(num_blocks)
@@ -72,18 +75,28 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None, arrival_time: float | None = None,
-                    cache_salt: str | None = None, final_only: bool = False) -> None:
+                    cache_salt: str | None = None, final_only: bool = False, lora_request=None) -> None:
         """Queue a request (fanned out into `params.n` sequences). With `final_only`, `step()` returns
         its output once, when it has finished (the offline API); otherwise after every new token.
 
+        `lora_request` (a `shared_engine.lora.LoRARequest`) runs the request on that adapter (needs
+        `enable_lora`); its weights are read into the CPU cache here, so a bad adapter is refused now.
+
         Raises:
-            ValueError: an empty prompt, a prompt + max_tokens over max_model_len, or sampling parameters
-                out of range. The engine keeps serving everyone else.
+            ValueError: an empty prompt, a prompt + max_tokens over max_model_len, sampling parameters
+                out of range, an invalid grammar or schema, an id in use, or an adapter that cannot be
+                loaded (`LoRAValidationError`). The engine keeps serving everyone else.
         """
         max_tokens = validate_request(prompt_token_ids, params, self.max_model_len, self.config.model.max_logprobs,
                                       self.source.arch.vocab_size)
         if request_id in self.outputs.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if params.structured_outputs is not None:
+            if self.grammar is None:
+                raise ValueError("structured outputs need a tokenizer; this model has none")
+            self.grammar.validate(params.structured_outputs)
+        if lora_request is not None and self.runner.lora is None:
+            raise ValueError(f"adapter {lora_request.lora_name!r} requested but LoRA is not enabled (enable_lora)")
         arrival = time.time() if arrival_time is None else arrival_time
         children = []
         for index in range(params.n):
@@ -91,8 +104,11 @@ class LLMEngine:
             children.append(Request(
                 request_id=child_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params,
                 max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=arrival,
-                parent_id=request_id, index=index, cache_salt=cache_salt,
+                parent_id=request_id, index=index, cache_salt=cache_salt, lora_request=lora_request,
             ))
+        if lora_request is not None:
+            for child in children:  # the first raises for a bad adapter; the rest find it cached
+                self.runner.lora.acquire(child.request_id, lora_request)
         self.outputs.add_group(request_id, prompt, children, final_only)
         for child in children:
             self.scheduler.add_request(child)

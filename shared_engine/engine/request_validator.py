@@ -10,8 +10,9 @@ def validate_request(prompt_token_ids: list[int], params: SamplingParams, max_mo
     """Validate and return the resolved `max_tokens` (None → up to the context limit).
 
     Raises:
-        ValueError: empty prompt, token ids outside the vocabulary, sampling parameters out of range, or a
-            prompt (+ max_tokens) over `max_model_len` (the message names all three numbers).
+        ValueError: empty prompt, token ids (prompt, stop_token_ids, logit_bias) outside the vocabulary,
+            sampling parameters out of range, or a prompt (+ max_tokens) over `max_model_len` (the message
+            names all three numbers).
     """
     if not isinstance(params, SamplingParams):
         raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
@@ -20,6 +21,9 @@ def validate_request(prompt_token_ids: list[int], params: SamplingParams, max_mo
         raise ValueError("the prompt is empty: give at least one token")
     if any(not isinstance(t, int) or t < 0 or t >= vocab_size for t in prompt_token_ids):
         raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
+    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or ())):
+        if any(t >= vocab_size for t in ids):
+            raise ValueError(f"{name}: token ids must be in [0, {vocab_size})")
     n = len(prompt_token_ids)
     if params.max_tokens is None:
         if n >= max_model_len:

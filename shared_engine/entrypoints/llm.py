@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from shared_engine.config import EngineConfig
 from shared_engine.engine.llm_engine import LLMEngine
 from shared_engine.engine.tokenizer import apply_chat_template
+from shared_engine.lora.lora_request import LoRARequest
 from shared_engine.outputs import RequestOutput
 from shared_engine.sampling_params import SamplingParams
 
@@ -29,6 +30,14 @@ class LLM:
         self.engine = LLMEngine(EngineConfig.from_flat(model=model, **engine_args))
         self._ids = itertools.count()
 
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        """An `LLM` on an already built `EngineConfig` (e.g. from `cli_args.build_configs`)."""
+        llm = cls.__new__(cls)
+        llm.engine = LLMEngine(config)
+        llm._ids = itertools.count()
+        return llm
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 
@@ -37,8 +46,12 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Run prompts to completion; outputs come back in prompt order.
+
+        `lora_request` (needs `enable_lora=True`): one adapter for every prompt, or one (or None, the base
+        model) per prompt, as vLLM's.
 
         A prompt is a string, a list of token ids, or `{"prompt_token_ids": [...]}` / `{"prompt": "..."}`
         (a dict may add `"cache_salt"`: requests share cached prefix blocks only under the same salt);
@@ -49,7 +62,7 @@ class LLM:
         params = _params_for(batch, sampling_params)
         encoded = [self._encode(p) for p in batch]
         salts = [p.get("cache_salt") if isinstance(p, dict) else None for p in batch]
-        return self._run(encoded, params, use_tqdm, salts)
+        return self._run(encoded, params, use_tqdm, salts, _loras_for(batch, lora_request))
 
     def chat(
         self,
@@ -57,8 +70,10 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        """Apply the model's chat template to one conversation or a list of them, then generate
+        (`lora_request` as in `generate`)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         params = _params_for(conversations, sampling_params)
         tok = self.engine.tokenizer
@@ -66,7 +81,7 @@ class LLM:
         for conv in conversations:
             ids = apply_chat_template(tok, conv, add_generation_prompt)
             encoded.append((tok.decode(ids), ids))
-        return self._run(encoded, params, use_tqdm)
+        return self._run(encoded, params, use_tqdm, None, _loras_for(conversations, lora_request))
 
     def _encode(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
@@ -80,15 +95,18 @@ class LLM:
             return prompt, tok.encode(prompt) if prompt else []
         return None, list(prompt)
 
-    def _run(self, encoded, params, use_tqdm: bool, salts=None) -> list[RequestOutput]:
+    def _run(self, encoded, params, use_tqdm: bool, salts=None, loras=None) -> list[RequestOutput]:
         engine = self.engine
+        loras = loras or [None] * len(encoded)
         for (_, ids), p in zip(encoded, params):  # validate everything before queueing anything
             engine_check(engine, ids, p)
+        for lora in {lora for lora in loras if lora is not None}:
+            engine_check_lora(engine, lora)
         order = {}
-        for (text, ids), p, salt in zip(encoded, params, salts or [None] * len(encoded)):
+        for (text, ids), p, salt, lora in zip(encoded, params, salts or [None] * len(encoded), loras):
             request_id = str(next(self._ids))
             order[request_id] = len(order)
-            engine.add_request(request_id, ids, p, prompt=text, cache_salt=salt, final_only=True)
+            engine.add_request(request_id, ids, p, prompt=text, cache_salt=salt, final_only=True, lora_request=lora)
         results: list[RequestOutput | None] = [None] * len(order)
         bar = _progress(len(order), use_tqdm)
         while engine.has_unfinished_requests():
@@ -105,6 +123,23 @@ def engine_check(engine: LLMEngine, ids: list[int], params: SamplingParams) -> N
     from shared_engine.engine.request_validator import validate_request
 
     validate_request(ids, params, engine.max_model_len, engine.config.model.max_logprobs, engine.source.arch.vocab_size)
+
+
+def engine_check_lora(engine: LLMEngine, lora: LoRARequest) -> None:
+    """Raise `ValueError` (`LoRAValidationError`) for an adapter the engine could not load."""
+    if engine.runner.lora is None:
+        raise ValueError(f"adapter {lora.lora_name!r} requested but LoRA is not enabled (enable_lora)")
+    from shared_engine.lora.lora_manager import load_checked
+
+    load_checked(lora, engine.source.arch, engine.config.lora)
+
+
+def _loras_for(batch: list, lora_request) -> list:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * len(batch)
+    if len(lora_request) != len(batch):
+        raise ValueError(f"got {len(lora_request)} lora_requests for {len(batch)} prompts")
+    return list(lora_request)
 
 
 def _as_batch(prompts) -> list:

@@ -20,8 +20,11 @@ from shared_engine.model_executor.cuda_graph_runner import (
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
+from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_logprobs
 from shared_engine.model_loader.model_source import ModelSource
 from shared_engine.model_loader.weight_loader import init_dummy, load_safetensors
+from shared_engine.sampling.grammar import GrammarBackend
+from shared_engine.sampling.logits_processors import LogitsProcessors
 from shared_engine.sampling.sampler import Sampler, SampleResult
 
 logger = logging.getLogger(__name__)
@@ -52,7 +55,8 @@ class LaunchedStep:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, source: ModelSource) -> None:
+    def __init__(self, config: EngineConfig, source: ModelSource, grammar: GrammarBackend | None = None) -> None:
+        """`grammar` compiles structured-output constraints (None: the model has no tokenizer)."""
         self.config = config
         self.device = torch.device(config.device.resolve())
         self.dtype_name = resolve_dtype(config.model.dtype, self.device.type)
@@ -63,10 +67,15 @@ class ModelRunner:
         # Cascade decode attention: Triton only, and only prefix caching makes sequences share blocks.
         self.enable_cascade = (self.device.type == "cuda" and not config.model.disable_cascade_attn
                                and config.cache.enable_prefix_caching)
-        self.sampler = Sampler(seed=config.model.seed)
+        self.sampler = Sampler(seed=config.model.seed, processors=LogitsProcessors(grammar))
         started = time.perf_counter()
         self.model = self._load(source)
         self.load_seconds = time.perf_counter() - started
+        self.lora = None  # LoRAManager with enable_lora: the CPU cache and GPU slots of adapters
+        if config.lora.enable_lora:
+            from shared_engine.lora.lora_manager import LoRAManager
+
+            self.lora = LoRAManager(self.model, config.lora, self.arch, config.scheduler.token_budget)
         self.kv_caches: list[torch.Tensor] = []
         self.graph_runner: CudaGraphRunner | None = None
         self.compile_seconds = 0.0  # first forward pass (Triton JIT) during profiling
@@ -121,8 +130,12 @@ class ModelRunner:
         out = SchedulerOutput([ScheduledRequest(request, [0] * num_tokens, 0, list(range(num_blocks)), True)],
                               num_batched_tokens=num_tokens)
         inputs = build_inputs(out, self.block_size, self.device)
+        if self.lora is not None:  # profile the LoRA layers' activations too
+            self.lora.ctx.active = True
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         self.model.compute_logits(hidden[inputs.sample_indices])
+        rows = min(PROMPT_LOGPROBS_CHUNK, num_tokens)  # one prompt-logprobs chunk counts in the peak
+        prompt_token_logprobs(self.model.compute_logits, hidden[:rows], [0] * rows)
         torch.cuda.synchronize(self.device)
         self.kv_caches = []
         del hidden
@@ -152,6 +165,8 @@ class ModelRunner:
             return
         started = time.perf_counter()
         max_len = cfg.model.max_model_len
+        if self.lora is not None:  # graphs always run the LoRA layers (a zero mask for base-model tokens)
+            self.lora.ctx.active = True
         with torch.inference_mode():
             self.graph_runner = CudaGraphRunner(
                 self.model, self.kv_caches, self.backend, decode_sizes=decode_sizes,
@@ -180,6 +195,8 @@ class ModelRunner:
         span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade)
         inputs.patch_placeholders(None if previous is None else previous.tokens)
+        if self.lora is not None:
+            self.lora.prepare(out)
         self.cascade_steps += inputs.meta.use_cascade
         if cuda:
             span[0].record()
@@ -224,7 +241,8 @@ class ModelRunner:
         return StepResult(sampled, step.prompt_logprobs)
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, inputs) -> dict[str, list]:
-        """Log-probability of each prompt token given the ones before it (for `prompt_logprobs`/echo)."""
+        """Log-probability of each prompt token given the ones before it (for `prompt_logprobs`/echo), in
+        chunks of bounded memory (prompt_logprobs.py)."""
         result = {}
         offset = 0
         for item in out.scheduled:
@@ -232,10 +250,9 @@ class ModelRunner:
             request = item.request
             if request.sampling_params.prompt_logprobs is not None and item.start_position < request.num_prompt_tokens:
                 end = min(item.context_len, request.num_prompt_tokens)
-                count = end - item.start_position
-                logprobs = torch.log_softmax(self.model.compute_logits(hidden[offset : offset + count]), dim=-1)
                 targets = request.prompt_token_ids[item.start_position + 1 : end + 1]
-                values = logprobs[torch.arange(len(targets)), torch.tensor(targets, dtype=torch.long)].tolist()
+                values = prompt_token_logprobs(self.model.compute_logits, hidden[offset : offset + len(targets)],
+                                               targets)
                 if item.start_position == 0:
                     result[request.request_id] = (0, [None, *values])
                 else:
@@ -245,6 +262,8 @@ class ModelRunner:
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)
+        if self.lora is not None:
+            self.lora.release(request_id)
 
 
 def resolve_dtype(dtype: str, device_type: str) -> str:

@@ -1,7 +1,8 @@
 """`Sampler`: turns one step's logits into one token per sequence.
 
 Order (as vLLM): raw log-probabilities for the `logprobs` output are taken first (before any
-processing); then penalties, then greedy rows take the argmax; the others are divided by temperature,
+processing); then `LogitsProcessors` (grammar masks, logit_bias, min_tokens, penalties), then greedy rows
+take the argmax; the others are divided by temperature,
 filtered by top-k, top-p and min-p, and sampled by the exponential race (argmax of p / E, E ~ Exp(1)),
 which draws from p exactly. A sequence with a seed owns a `torch.Generator` seeded from (seed, choice
 index): its draws depend only on its own history, so `n` choices differ and every run repeats exactly.
@@ -15,7 +16,7 @@ import torch
 
 from shared_engine.core.request import Request
 from shared_engine.sampling.device_tensor import to_device
-from shared_engine.sampling.penalties import apply_penalties
+from shared_engine.sampling.logits_processors import LogitsProcessors
 
 
 @dataclass
@@ -28,13 +29,15 @@ class SampleResult:
 
 
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, processors: LogitsProcessors | None = None) -> None:
+        self.processors = processors or LogitsProcessors()
         self._generators: dict[str, torch.Generator] = {}
         self._seed = seed
         self._default: dict[torch.device, torch.Generator] = {}
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        self.processors.release(request_id)
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampleResult]:
         """`logits` `[num_seqs, vocab]` fp32, one row per request (which must need a sample)."""
@@ -48,17 +51,8 @@ class Sampler:
         raw_logprobs = None
         if any(r.sampling_params.logprobs is not None for r in requests):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
+        logits = self.processors.apply(logits, requests)
         params = [r.sampling_params for r in requests]
-        if any(p.needs_penalties for p in params):
-            logits = logits.clone()
-            apply_penalties(
-                logits,
-                [r.prompt_token_ids if p.repetition_penalty != 1.0 else [] for r, p in zip(requests, params)],
-                [r.output_token_ids for r in requests],
-                [p.presence_penalty for p in params],
-                [p.frequency_penalty for p in params],
-                [p.repetition_penalty for p in params],
-            )
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:

@@ -62,3 +62,76 @@ def test_integrity_after_every_step(llm, events, seed):
 def test_property_run_exercised_preemption(llm):
     """The random runs above must actually have hit the preemption path (runs after them in this module)."""
     assert llm.engine.scheduler.num_preemptions_total > 0
+
+
+# ---- with adapter churn (multi-LoRA) -----------------------------------------------------------------
+# one event per step: new requests [(prompt_len, max_tokens, adapter: 0 base, 1-4 adapters)], aborts,
+# and reloads (adapter names re-registered under a new id: a new version of the same name)
+lora_events = st.lists(
+    st.tuples(
+        st.lists(st.tuples(st.integers(1, 60), st.integers(1, 30), st.integers(0, 4)), max_size=3),
+        st.lists(st.integers(0, 50), max_size=2),
+        st.lists(st.integers(1, 4), max_size=1),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@pytest.fixture(scope="module")
+def lora_llm(tiny_model_dir, tmp_path_factory):
+    from shared_engine.lora.adapter_factory import write_random_adapter
+    from shared_engine.model_arch import ModelArch
+
+    arch = ModelArch.from_dir(tiny_model_dir)
+    root = tmp_path_factory.mktemp("tiny-adapters")
+    dirs = [write_random_adapter(root / f"a{i}", arch, rank=[2, 4, 8, 4][i], seed=i,
+                                 target_modules=[["q_proj", "v_proj"], ["o_proj"], ["gate_proj", "down_proj"],
+                                                 ["k_proj", "up_proj"]][i]) for i in range(4)]
+    llm = LLM(str(tiny_model_dir), load_format="dummy", num_gpu_blocks_override=24, block_size=8, max_model_len=160,
+              max_num_batched_tokens=48, max_num_seqs=6, enable_lora=True, max_loras=2, max_cpu_loras=2,
+              max_lora_rank=8)
+    return llm, dirs
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=lora_events, seed=st.integers(0, 1000))
+def test_integrity_with_adapter_churn(lora_llm, events, seed):
+    """Block integrity after every step, and the slot invariants: at most max_loras adapters among running
+    requests, each running request's adapter in a GPU slot, and nothing pinned once all requests end."""
+    from shared_engine.lora import LoRARequest
+
+    llm, dirs = lora_llm
+    engine = llm.engine
+    bm, manager = engine.block_manager, engine.runner.lora
+    versions = dict.fromkeys(range(1, 5), 0)
+    live: list[str] = []
+    counter = 0
+    for new, aborts, reloads in events:
+        for name in reloads:
+            versions[name] += 1
+        for prompt_len, max_tokens, adapter in new:
+            request_id = f"l{counter}"
+            counter += 1
+            lora = None if adapter == 0 else LoRARequest(f"a{adapter}", 100 * adapter + versions[adapter] + 1,
+                                                         str(dirs[adapter - 1]))
+            prompt = [(seed + 5 * i + counter) % 120 + 3 for i in range(prompt_len)]
+            engine.add_request(request_id, prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=max_tokens,
+                                                                  ignore_eos=True), lora_request=lora)
+            live.append(request_id)
+        for selector in aborts:
+            if live:
+                engine.abort_request(live.pop(selector % len(live)))
+        for output in engine.step():
+            if output.finished:
+                live.remove(output.request_id)
+        bm.check_integrity()
+        running = [r for r in engine.scheduler.running if r.lora_request is not None]
+        assert len({r.lora_key for r in running}) <= 2
+        slots = set(manager.slot_keys)
+        assert all(r.lora_request.cache_key in slots for r in running if r.num_computed_tokens > 0)
+    while engine.has_unfinished_requests():
+        engine.step()
+        bm.check_integrity()
+    assert bm.num_free_blocks == bm.num_blocks
+    assert not manager._users and len(manager.cpu_keys) <= 2

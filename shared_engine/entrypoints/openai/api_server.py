@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
@@ -19,8 +20,13 @@ from shared_engine.config import EngineConfig
 from shared_engine.entrypoints.openai.async_engine import AsyncEngine, AsyncEngineBase
 from shared_engine.entrypoints.openai.engine_watchdog import exit_when_dead
 from shared_engine.entrypoints.openai.errors import bad_request, error_response, install_error_handlers
+from shared_engine.entrypoints.openai.http_limits import uvicorn_http_options
 from shared_engine.entrypoints.openai.metrics import ServerMetrics
-from shared_engine.entrypoints.openai.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from shared_engine.entrypoints.openai.middleware import (
+    ApiKeyMiddleware,
+    BodySizeLimitMiddleware,
+    HeaderCountMiddleware,
+)
 from shared_engine.entrypoints.openai.openapi import error_responses, install_openapi, stream_responses
 from shared_engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -99,36 +105,51 @@ def create_app(engine, server_config: ServerConfig | None = None,
     async def prometheus_metrics():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.post("/tokenize", response_model=TokenizeResponse, responses=error_responses(400, 404))
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=error_responses(400, 401, 404))
     async def tokenize(body: TokenizeRequest):
         ctx.check_model(body.model)
         tokenizer = ctx.need_tokenizer()
         if body.messages is not None:
-            ids = render_chat(tokenizer, body.messages, body.add_generation_prompt)
+            ids = await ctx.off_loop(render_chat, tokenizer, body.messages, body.add_generation_prompt)
         elif body.prompt is not None:
-            ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            ids = await ctx.off_loop(lambda: tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
         else:
             raise bad_request("give prompt or messages")
         return TokenizeResponse(count=len(ids), max_model_len=async_engine.max_model_len, tokens=ids)
 
-    @app.post("/detokenize", response_model=DetokenizeResponse, responses=error_responses(400, 404))
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=error_responses(400, 401, 404))
     async def detokenize(body: DetokenizeRequest):
         ctx.check_model(body.model)
         vocab = async_engine.source.arch.vocab_size
         if any(t >= vocab for t in body.tokens):
             raise bad_request(f"token ids must be in [0, {vocab})", "tokens")
-        return DetokenizeResponse(prompt=ctx.need_tokenizer().decode(body.tokens))
+        return DetokenizeResponse(prompt=await ctx.off_loop(ctx.need_tokenizer().decode, body.tokens))
 
-    @app.get("/version", response_model=VersionResponse)
+    @app.get("/version", response_model=VersionResponse, responses=error_responses(401),
+             summary="The engine's version and configuration (local paths reduced to their last component)")
     async def version():
-        return VersionResponse(version=shared_engine.__version__, engine_config=async_engine.config.to_flat())
+        return VersionResponse(version=shared_engine.__version__,
+                               engine_config=without_local_paths(async_engine.config.to_flat()))
 
     install_openapi(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=server_config.max_request_body_bytes)
     api_key = server_config.resolved_api_key()
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, exempt_paths=server_config.exempt_paths)
+    app.add_middleware(HeaderCountMiddleware, max_headers=server_config.max_headers)  # outermost: runs first
     return app
+
+
+def without_local_paths(settings: dict) -> dict:
+    """Settings with every value that names a local file or directory (a model or tokenizer path) replaced by
+    its last component: /version must not reveal the server's file system."""
+    def scrub(value):
+        if isinstance(value, str) and (os.path.isabs(value) or value.startswith(("~", "./", "../"))
+                                       or os.path.exists(value)):
+            return os.path.basename(os.path.normpath(value))
+        return value
+
+    return {key: scrub(value) for key, value in settings.items()}
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None:
@@ -157,8 +178,9 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None
     app = create_app(engine, server_config, on_engine_dead=stop)
     host, port = server_config.host, server_config.port
     logger.info("Serving %s on http://%s:%d", app.state.ctx.model_name, host, port)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=server_config.uvicorn_log_level,
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=host, port=port, log_level=server_config.uvicorn_log_level, timeout_graceful_shutdown=5,
+        **uvicorn_http_options(server_config.max_header_bytes, server_config.max_headers)))
     server.run()
     error = app.state.ctx.async_engine.error
     if error is not None:  # the supervisor (compose restart:, Kubernetes) starts a fresh server

@@ -176,6 +176,7 @@ class AsyncEngine(AsyncEngineBase):
         # for the GIL, more than once per step; 1 ms bounds that wait (at some switching cost).
         sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
         self._loop = loop
+        self._stop = False  # a shut-down engine can be started again (one app served by several loops)
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 

@@ -22,6 +22,7 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    431: "invalid_request_error",
     500: "internal_server_error",
     503: "service_unavailable_error",
 }

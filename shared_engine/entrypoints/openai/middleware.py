@@ -1,5 +1,5 @@
-"""ASGI middleware that answers before any route runs: the API key on `/v1/*` (401) and the request
-body size limit (413)."""
+"""ASGI middleware that answers before any route runs: the API key (401), the number of request headers
+(431; their bytes are capped while they are read, http_limits.py) and the request body size (413)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,38 @@ from shared_engine.entrypoints.openai.errors import error_response
 
 
 class ApiKeyMiddleware:
-    """`Authorization: Bearer <key>` on `/v1/*`, compared in constant time; other routes stay open."""
+    """`Authorization: Bearer <key>` on every path but `exempt_paths` (exact matches; by default /health and
+    /metrics, for probes and scrapers), compared in constant time. Everything else reveals or costs
+    something: /v1/*, /tokenize and /detokenize (compute), /version (the engine's configuration),
+    /openapi.json and /docs."""
 
-    def __init__(self, app, api_key: str) -> None:
+    def __init__(self, app, api_key: str, exempt_paths: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.exempt_paths = exempt_paths
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and scope["path"] not in self.exempt_paths:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 response = error_response(401, "missing or invalid API key (Authorization: Bearer <key>)",
                                           headers={"WWW-Authenticate": "Bearer"})
                 return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+class HeaderCountMiddleware:
+    """431 for a request with more than `max_headers` headers (any server; uvicorn's httptools protocol
+    here already refuses them while reading, http_limits.py)."""
+
+    def __init__(self, app, max_headers: int) -> None:
+        self.app = app
+        self.max_headers = max_headers
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and len(scope["headers"]) > self.max_headers:
+            response = error_response(431, f"more than {self.max_headers} request headers")
+            return await response(scope, receive, send)
         return await self.app(scope, receive, send)
 
 

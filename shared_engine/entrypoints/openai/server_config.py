@@ -12,25 +12,51 @@ API_KEY_ENV = ("SHARED_ENGINE_API_KEY", "VLLM_API_KEY")
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """`api_key` None leaves `/v1/*` open (the env vars in `API_KEY_ENV` are the fallback).
-    `max_request_body_bytes`: larger bodies get 413. `max_n`: cap on `n` (400 above it).
+    """`api_key` None leaves the API open (the env vars in `API_KEY_ENV` are the fallback); with a key every
+    route needs `Authorization: Bearer <key>` except `api_key_exempt_paths` (comma-separated exact paths).
     `disable_frontend_multiprocessing`: run the engine in a thread of the API server's process instead of
-    its own engine core process (vLLM's flag name; one process and one GIL: slower under load)."""
+    its own engine core process (vLLM's flag name; one process and one GIL: slower under load).
+
+    Per-request limits (each a 400 naming the field above it, so that one request cannot stall or exhaust
+    the engine for everyone): `max_request_body_bytes` (413), `max_n`, `max_stop_strings` and
+    `max_stop_string_len` (characters: the detokenizer holds back and searches that many per token),
+    `max_stop_token_ids`, `max_prompts_per_request` (a completions prompt list; times `max_n` it is the
+    default `max_waiting_requests`), `max_prompt_tokens_per_request` (prompt tokens summed over the
+    request's sequences: each prompt counts `n` times). HTTP framing: `max_header_bytes` (request line and
+    headers; 431 above it) and `max_headers` (431 above it). `health_timeout_s`: `/health` answers 503 when
+    the engine has unfinished work and no step has completed for this long (a hung step)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    api_key_exempt_paths: str = "/health,/metrics"
     max_request_body_bytes: int = 8 * 1024 * 1024
     max_n: int = 16
+    max_stop_strings: int = 16
+    max_stop_string_len: int = 256
+    max_stop_token_ids: int = 64
+    max_prompts_per_request: int = 64
+    max_prompt_tokens_per_request: int = 131072
+    max_header_bytes: int = 32 * 1024
+    max_headers: int = 100
+    health_timeout_s: float = 60.0
     uvicorn_log_level: str = "info"
     disable_frontend_multiprocessing: bool = False
 
     def __post_init__(self) -> None:
         check_range("port", self.port, 0, 65535)
-        check_range("max_request_body_bytes", self.max_request_body_bytes, 1)
-        check_range("max_n", self.max_n, 1)
+        for name in ("max_request_body_bytes", "max_n", "max_stop_strings", "max_stop_string_len",
+                     "max_stop_token_ids", "max_prompts_per_request", "max_prompt_tokens_per_request",
+                     "max_header_bytes", "max_headers"):
+            check_range(name, getattr(self, name), 1)
+        check_range("health_timeout_s", self.health_timeout_s, 0, low_open=True)
 
     def resolved_api_key(self) -> str | None:
         if self.api_key:
             return self.api_key
         return next((os.environ[name] for name in API_KEY_ENV if os.environ.get(name)), None)
+
+    @property
+    def exempt_paths(self) -> frozenset[str]:
+        """Paths served without the API key."""
+        return frozenset(p.strip() for p in self.api_key_exempt_paths.split(",") if p.strip())

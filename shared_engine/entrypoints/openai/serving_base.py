@@ -1,10 +1,12 @@
 """What the completions and chat handlers share: the served model name, request → `SamplingParams`,
-usage, and the streaming response wrapper."""
+tokenisation off the event loop, usage, and the streaming response wrapper."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi.responses import StreamingResponse
 
@@ -13,10 +15,17 @@ from shared_engine.entrypoints.openai.errors import APIError, bad_request
 from shared_engine.entrypoints.openai.logprobs import TokenText
 from shared_engine.entrypoints.openai.metrics import ServerMetrics
 from shared_engine.entrypoints.openai.protocol import PromptTokensDetails, SamplingFields, Usage
+from shared_engine.entrypoints.openai.request_limits import check_stop_limits
 from shared_engine.entrypoints.openai.server_config import ServerConfig
 from shared_engine.entrypoints.openai.streaming import SSE_MEDIA_TYPE
 from shared_engine.outputs import RequestOutput
 from shared_engine.sampling_params import SamplingParams
+
+# Tokenisation and chat templating run here, not on the event loop: a 7 MB prompt takes seconds to
+# tokenise, and /health, streams and other requests must not wait for it. Hugging Face fast tokenizers
+# release the GIL while encoding. Two workers: a huge prompt delays other prompts' tokenisation by at most
+# half the pool.
+TOKENIZER_WORKERS = 2
 
 
 class ServingContext:
@@ -28,6 +37,11 @@ class ServingContext:
         self.server_config = server_config
         self.tokenizer = async_engine.tokenizer
         self.token_text = TokenText(self.tokenizer) if self.tokenizer is not None else None
+        self._pool = ThreadPoolExecutor(TOKENIZER_WORKERS, thread_name_prefix="tokenizer")
+
+    async def off_loop(self, fn: Callable, *args):
+        """`fn(*args)` in the tokenizer pool, awaited (exceptions propagate)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     @property
     def max_model_len(self) -> int:
@@ -45,29 +59,39 @@ class ServingContext:
     def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None = None,
                         prompt_logprobs: int | None = None) -> SamplingParams:
         """Raises `APIError` 400 for values the engine does not accept."""
-        if req.n > self.server_config.max_n:
-            raise bad_request(f"n must be at most {self.server_config.max_n}, got {req.n}", "n")
-        try:
-            return SamplingParams(
-                n=req.n,
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=req.top_k,
-                min_p=req.min_p or 0.0,
-                presence_penalty=req.presence_penalty or 0.0,
-                frequency_penalty=req.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-                seed=req.seed,
-                max_tokens=max_tokens,
-                min_tokens=req.min_tokens,
-                stop=req.stop,
-                stop_token_ids=req.stop_token_ids,
-                ignore_eos=req.ignore_eos,
-                logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
-            )
-        except ValueError as e:
-            raise bad_request(str(e)) from e
+        return sampling_params_for(req, max_tokens, self.server_config, logprobs, prompt_logprobs)
+
+
+def sampling_params_for(req: SamplingFields, max_tokens: int | None, server_config: ServerConfig,
+                        logprobs: int | None = None, prompt_logprobs: int | None = None) -> SamplingParams:
+    """A request body's sampling fields as `SamplingParams` (also used by `run-batch`, without a server).
+
+    Raises `APIError` 400 for `n` over `max_n`, stop lists past the server's limits, or values the engine
+    does not accept."""
+    if req.n > server_config.max_n:
+        raise bad_request(f"n must be at most {server_config.max_n}, got {req.n}", "n")
+    check_stop_limits(server_config, req.stop, req.stop_token_ids)
+    try:
+        return SamplingParams(
+            n=req.n,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p or 0.0,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+        )
+    except ValueError as e:
+        raise bad_request(str(e)) from e
 
 
 def new_id(prefix: str) -> str:

@@ -23,6 +23,7 @@ from shared_engine.entrypoints.openai.protocol import (
     DeltaMessage,
     ResponseMessage,
 )
+from shared_engine.entrypoints.openai.request_limits import check_prompt_tokens
 from shared_engine.entrypoints.openai.serving_base import ServingContext, event_stream, new_id, usage
 from shared_engine.entrypoints.openai.streaming import DONE, ChoiceCursor, sse, visible_text
 from shared_engine.outputs import CompletionOutput
@@ -54,10 +55,11 @@ class ServingChat:
     async def create(self, req: ChatCompletionRequest, request: Request) -> Response:
         ctx = self.ctx
         ctx.check_model(req.model)
-        ids = render_chat(ctx.need_tokenizer(), req.messages, req.add_generation_prompt)
         k = self._top_logprobs(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = ctx.sampling_params(req, max_tokens, logprobs=k)
+        ids = await ctx.off_loop(render_chat, ctx.need_tokenizer(), req.messages, req.add_generation_prompt)
+        check_prompt_tokens(ctx.server_config, [len(ids)], req.n, "messages")
         run = GenerationRun(ctx.async_engine, ctx.metrics, new_id("chatcmpl"), [Job(ids, params)])
         run.start()
         if req.stream:

@@ -15,6 +15,7 @@ from shared_engine.entrypoints.openai.errors import APIError, bad_request, sse_e
 from shared_engine.entrypoints.openai.generation_run import ClientDisconnected, GenerationRun, Job
 from shared_engine.entrypoints.openai.logprobs import completion_logprobs
 from shared_engine.entrypoints.openai.protocol import CompletionChoice, CompletionRequest, CompletionResponse
+from shared_engine.entrypoints.openai.request_limits import check_prompt_count, check_prompt_tokens
 from shared_engine.entrypoints.openai.serving_base import ServingContext, event_stream, new_id, usage
 from shared_engine.entrypoints.openai.streaming import DONE, ChoiceCursor, sse, visible_text
 from shared_engine.outputs import CompletionOutput, RequestOutput
@@ -30,9 +31,10 @@ class ServingCompletions:
         scoring = req.max_tokens == 0
         if scoring and not req.echo:
             raise bad_request("max_tokens must be at least 1 (0 is allowed only with echo)", "max_tokens")
-        prompts = self._prompts(req.prompt)
         params = ctx.sampling_params(req, 1 if scoring else req.max_tokens, logprobs=req.logprobs,
                                      prompt_logprobs=req.logprobs if req.echo else None)
+        prompts = await self._prompts(req.prompt)
+        check_prompt_tokens(ctx.server_config, [len(ids) for _, ids in prompts], req.n, "prompt")
         run = GenerationRun(ctx.async_engine, ctx.metrics, new_id("cmpl"),
                             [Job(ids, params, text) for text, ids in prompts])
         run.start()
@@ -48,22 +50,26 @@ class ServingCompletions:
                                   choices=choices, usage=usage(outputs, count_generated=not scoring))
         return JSONResponse(body.model_dump(mode="json"))
 
-    def _prompts(self, prompt) -> list[tuple[str | None, list[int]]]:
-        """(text or None, token ids) per prompt."""
+    async def _prompts(self, prompt) -> list[tuple[str | None, list[int]]]:
+        """(text or None, token ids) per prompt; the count is checked before anything is tokenised, and
+        text is tokenised off the event loop."""
         if isinstance(prompt, str):
-            return [(prompt, self._encode(prompt))]
+            return [(prompt, await self._encode(prompt))]
         if not prompt:
             raise bad_request("prompt must not be empty", "prompt")
         if isinstance(prompt[0], int):
             return [(None, list(prompt))]
+        check_prompt_count(self.ctx.server_config, len(prompt))
         if isinstance(prompt[0], str):
-            return [(p, self._encode(p)) for p in prompt]
+            return [(p, await self._encode(p)) for p in prompt]
         return [(None, list(p)) for p in prompt]
 
-    def _encode(self, text: str) -> list[int]:
+    async def _encode(self, text: str) -> list[int]:
         tokenizer = self.ctx.need_tokenizer()
+        if not text:
+            return []
         try:
-            return tokenizer.encode(text) if text else []
+            return await self.ctx.off_loop(tokenizer.encode, text)
         except Exception as e:  # noqa: BLE001 - whatever the tokenizer rejects is the client's input
             raise bad_request(f"could not tokenize the prompt: {e}", "prompt") from e
 

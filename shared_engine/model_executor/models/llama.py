@@ -15,6 +15,7 @@ from torch import nn
 from shared_engine.model_arch import ModelArch
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
 from shared_engine.model_executor.layers.activation import silu_and_mul
+from shared_engine.model_executor.layers.lora import LoRAContext, LoRAProjection
 from shared_engine.model_executor.layers.rms_norm import RMSNorm
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 
@@ -40,9 +41,13 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.rotary = rotary
         self.scale = self.head_dim**-0.5
+        self.qkv_lora: LoRAProjection | None = None  # q, k, v slices (enable_lora)
+        self.o_lora: LoRAProjection | None = None
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata, backend) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        if self.qkv_lora is not None:
+            qkv = self.qkv_lora(hidden, qkv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
@@ -51,8 +56,10 @@ class LlamaAttention(nn.Module):
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(-1, self.num_heads, self.head_dim)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(-1, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
-        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale).reshape(-1, self.q_size)
+        if self.o_lora is None:
+            return self.o_proj(out)
+        return self.o_lora(out, self.o_proj(out))
 
 
 class LlamaMLP(nn.Module):
@@ -60,9 +67,14 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=False)
         self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.gate_up_lora: LoRAProjection | None = None  # gate, up slices (enable_lora)
+        self.down_lora: LoRAProjection | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        if self.gate_up_lora is None:
+            return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        h = silu_and_mul(self.gate_up_lora(x, self.gate_up_proj(x)))
+        return self.down_lora(h, self.down_proj(h))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -119,6 +131,26 @@ class LlamaForCausalLM(nn.Module):
             hidden, residual = layer(positions, hidden, residual, kv_cache, meta, backend)
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
+
+    def enable_lora(self, ctx: LoRAContext, max_rank: int) -> None:
+        """Give every attention and MLP projection `ctx.max_loras` LoRA slots of rank `max_rank` (zeros:
+        no adapter loaded), in the model's dtype and device. See layers/lora.py."""
+        a = self.arch
+        q, kv, h, i = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.hidden_size, a.intermediate_size
+        ref = self.lm_head.weight
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv_lora = LoRAProjection(ctx, h, [q, kv, kv], max_rank, ref.dtype, ref.device)
+            attn.o_lora = LoRAProjection(ctx, q, [h], max_rank, ref.dtype, ref.device)
+            mlp.gate_up_lora = LoRAProjection(ctx, h, [i, i], max_rank, ref.dtype, ref.device)
+            mlp.down_lora = LoRAProjection(ctx, i, [h], max_rank, ref.dtype, ref.device)
+
+    def lora_targets(self, layer: int) -> dict[str, tuple[LoRAProjection, int]]:
+        """PEFT module name → (its LoRA projection in `layer`, slice index)."""
+        attn, mlp = self.model.layers[layer].self_attn, self.model.layers[layer].mlp
+        return {"q_proj": (attn.qkv_lora, 0), "k_proj": (attn.qkv_lora, 1), "v_proj": (attn.qkv_lora, 2),
+                "o_proj": (attn.o_lora, 0), "gate_proj": (mlp.gate_up_lora, 0), "up_proj": (mlp.gate_up_lora, 1),
+                "down_proj": (mlp.down_lora, 0)}
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -1,0 +1,1 @@
+"""Shards, the shard worker and the night report (standard library only: Airflow imports them)."""

@@ -1,0 +1,1 @@
+"""The night's input: synthetic support tickets as an OpenAI batch file (generator.py)."""

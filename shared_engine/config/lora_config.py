@@ -1,0 +1,32 @@
+"""Multi-LoRA settings (vLLM's names: `--enable-lora`, `--max-loras`, `--max-lora-rank`, `--max-cpu-loras`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared_engine.config.validation import check_range
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """`max_loras`: GPU slots, so the most distinct adapters among running requests (the scheduler's limit
+    per step). `max_lora_rank`: the largest rank accepted (and each slot's size). `max_cpu_loras`: adapters
+    kept in the CPU cache (None: `max_loras`); an adapter a queued or running request uses is never evicted,
+    so the cache may hold more while they run. `allowed_local_lora_path`: when set, every adapter path must
+    resolve inside this directory (relative paths are taken under it); runtime loads cannot reach the rest of
+    the file system. `enable_lora` off: requests cannot name adapters, and no slots are allocated."""
+
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    allowed_local_lora_path: str | None = None
+
+    def __post_init__(self) -> None:
+        check_range("max_loras", self.max_loras, 1, 256)
+        check_range("max_lora_rank", self.max_lora_rank, 1, 512)
+        check_range("max_cpu_loras", self.max_cpu_loras, self.max_loras, allow_none=True)
+
+    @property
+    def cpu_cache_size(self) -> int:
+        return self.max_cpu_loras or self.max_loras

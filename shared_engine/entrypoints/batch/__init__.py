@@ -1,0 +1,1 @@
+"""OpenAI batch files through the offline engine: `python -m shared_engine run-batch -i IN -o OUT`."""

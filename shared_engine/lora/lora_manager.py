@@ -1,0 +1,149 @@
+"""`LoRAManager`: the model runner's adapters, on disk → in the CPU cache → in a GPU slot.
+
+- CPU cache: adapters read and validated from disk (`peft_adapter.load_adapter`), least recently used
+  first out beyond `max_cpu_loras`, except that an adapter a queued or running request uses (`acquire`d,
+  not yet `release`d) is never evicted.
+- GPU slots: `max_loras` slots in the model's LoRA layers (layers/lora.py). Before each step `prepare`
+  puts every adapter the step uses into a slot, evicting the least recently used slot whose adapter no
+  running request uses (`SchedulerOutput.running_loras`; the scheduler keeps those at most `max_loras`,
+  so a running request never loses its slot), and fills the step's token → slot map.
+
+Adapters are keyed by `LoRARequest.cache_key` (registration id and content version): a reload under the
+same name is another adapter, so requests still running on the old weights keep them until they finish.
+With async scheduling a slot may be rewritten while the previous step runs: the copy is queued on the same
+stream, after that step's kernels, so it never changes a step in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+
+import numpy as np
+import torch
+
+from shared_engine.config.lora_config import LoRAConfig
+from shared_engine.core.scheduler_output import SchedulerOutput
+from shared_engine.lora.errors import LoRAValidationError
+from shared_engine.lora.lora_request import LoRARequest
+from shared_engine.lora.peft_adapter import LoRAAdapter, content_digest, load_adapter, resolve_adapter_path
+from shared_engine.model_arch import ModelArch
+from shared_engine.model_executor.layers.lora import LoRAContext
+
+
+def load_checked(lora_request: LoRARequest, arch: ModelArch, config: LoRAConfig) -> LoRAAdapter:
+    """Read and validate the adapter a request names; its files must still match `lora_request.version`.
+
+    Raises:
+        LoRAValidationError: see `peft_adapter`; or the files changed since the adapter was registered.
+    """
+    path = resolve_adapter_path(lora_request.lora_path, config.allowed_local_lora_path)
+    adapter = load_adapter(lora_request.lora_name, path, arch, config.max_lora_rank)
+    if lora_request.version and content_digest(path) != lora_request.version:
+        raise LoRAValidationError(f"adapter {lora_request.lora_name!r}: its files changed since it was loaded; "
+                                  "load it again")
+    return adapter
+
+
+class LoRAManager:
+    def __init__(self, model: torch.nn.Module, config: LoRAConfig, arch: ModelArch, max_num_tokens: int) -> None:
+        ref = model.lm_head.weight
+        self.ctx = LoRAContext(max_num_tokens, config.max_loras, ref.dtype, ref.device)
+        model.enable_lora(self.ctx, config.max_lora_rank)
+        self.model, self.config, self.arch = model, config, arch
+        self.dtype, self.device = ref.dtype, ref.device
+        self._cpu: OrderedDict[str, LoRAAdapter] = OrderedDict()  # cache_key → adapter, LRU first
+        self._users: dict[str, str] = {}  # request id → cache_key
+        self._refs: Counter[str] = Counter()
+        self._slots: list[str | None] = [None] * config.max_loras  # slot → cache_key
+        self._slot_lru: OrderedDict[str, int] = OrderedDict()  # cache_key → slot, LRU first
+        self.num_slot_loads = 0
+        self.slot_load_seconds = 0.0  # host time spent writing slots (includes the copies on the CPU)
+
+    # ---- CPU cache -----------------------------------------------------------------------------------
+    def acquire(self, request_id: str, lora_request: LoRARequest) -> None:
+        """Make the adapter resident in the CPU cache for a new request (reads it from disk if needed).
+
+        Raises:
+            LoRAValidationError: the adapter cannot be loaded (nothing is recorded then).
+        """
+        key = lora_request.cache_key
+        if key not in self._cpu:
+            self._cpu[key] = load_checked(lora_request, self.arch, self.config)
+        self._cpu.move_to_end(key)
+        self._users[request_id] = key
+        self._refs[key] += 1
+        self._trim()
+
+    def release(self, request_id: str) -> None:
+        """The request finished or was aborted: its adapter may leave the CPU cache (ids not acquired are
+        ignored)."""
+        key = self._users.pop(request_id, None)
+        if key is None:
+            return
+        self._refs[key] -= 1
+        if self._refs[key] <= 0:
+            del self._refs[key]
+        self._trim()
+
+    def _trim(self) -> None:
+        excess = len(self._cpu) - self.config.cpu_cache_size
+        for key in [k for k in self._cpu if k not in self._refs][: max(0, excess)]:
+            del self._cpu[key]
+
+    @property
+    def cpu_keys(self) -> list[str]:
+        return list(self._cpu)
+
+    @property
+    def slot_keys(self) -> list[str | None]:
+        """Each GPU slot's adapter (cache_key), None for an empty slot."""
+        return list(self._slots)
+
+    # ---- GPU slots -----------------------------------------------------------------------------------
+    def prepare(self, out: SchedulerOutput) -> None:
+        """Load the step's adapters into slots and set the token → slot map (decodes first, the order of
+        `out.scheduled`, as the input builder lays tokens out).
+
+        Raises:
+            RuntimeError: more distinct adapters than slots among running requests (a scheduler bug).
+        """
+        row_keys = [s.request.lora_request.cache_key if s.request.lora_request is not None else None
+                    for s in out.scheduled]
+        step_keys = {k for k in row_keys if k is not None}
+        self.ctx.active = bool(step_keys)
+        pinned = step_keys | {key[1] for key in out.running_loras}
+        slot_of = {key: self._slot_for(key, pinned) for key in step_keys}
+        row_slots = np.array([-1 if k is None else slot_of[k] for k in row_keys], dtype=np.int64)
+        token_slots = np.repeat(row_slots, [s.num_new_tokens for s in out.scheduled])
+        self.ctx.set_token_slots(torch.from_numpy(token_slots).to(self.device, non_blocking=True))
+
+    def _slot_for(self, key: str, pinned: set[str]) -> int:
+        if key in self._slot_lru:
+            self._slot_lru.move_to_end(key)
+            return self._slot_lru[key]
+        if None in self._slots:
+            slot = self._slots.index(None)
+        else:
+            victim = next((k for k in self._slot_lru if k not in pinned), None)
+            if victim is None:
+                raise RuntimeError(f"all {len(self._slots)} LoRA slots are held by running requests")
+            slot = self._slot_lru.pop(victim)
+        self._write_slot(slot, self._cpu[key])
+        self._slots[slot] = key
+        self._slot_lru[key] = slot
+        return slot
+
+    @torch.no_grad()
+    def _write_slot(self, slot: int, adapter: LoRAAdapter) -> None:
+        started = time.perf_counter()
+        for layer in range(self.arch.num_layers):
+            for module, (projection, index) in self.model.lora_targets(layer).items():
+                pair = adapter.weights.get((layer, module))
+                if pair is None:
+                    projection.write_slot(slot, index, None, None)
+                else:
+                    a, b = (t.to(self.device, self.dtype, non_blocking=True) for t in pair)
+                    projection.write_slot(slot, index, a, b)
+        self.num_slot_loads += 1
+        self.slot_load_seconds += time.perf_counter() - started
