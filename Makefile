@@ -8,7 +8,7 @@ export SHARED_ENGINE_CACHE ?= $(HOME)/.cache/shared_engine
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo demo-engine test setup model lint bench-offline clean images up down
+.PHONY: demo demo-engine test setup model lint bench-offline clean images up down airflow-venv
 
 setup: $(STAMP)
 
@@ -33,8 +33,20 @@ demo: model
 demo-engine: model
 	$(BIN)/python scripts/demo.py
 
-test: model
+test: model airflow-venv
 	$(BIN)/python -m pytest -q
+
+# Airflow 3 for the batch case's DAG (case_batch_summarisation/dags), in its own venv: it pins its own FastAPI,
+# which must not replace the server's. tests/batch/test_dag.py runs the DAG with this venv's python.
+AIRFLOW_VENV := .venv-airflow
+AIRFLOW_VERSION ?= 3.3.2
+airflow-venv: $(AIRFLOW_VENV)/.installed
+
+$(AIRFLOW_VENV)/.installed:
+	test -x $(AIRFLOW_VENV)/bin/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/pip install -q --upgrade pip
+	$(AIRFLOW_VENV)/bin/pip install -q "apache-airflow==$(AIRFLOW_VERSION)"
+	touch $@
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -57,4 +69,4 @@ down:
 	scripts/compose.sh down $(CASE)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(AIRFLOW_VENV) .pytest_cache .ruff_cache

@@ -15,8 +15,10 @@ RUN --mount=type=bind,from=wheelhouse,source=/deps,target=/wheels/deps \
     /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /wheels/deps -r /wheels/deps/requirements.txt
 COPY src/ /srv/
 ARG APP_MODULE
+# idle OpenMP threads (the app's embedding model) sleep instead of spinning on cores the engine shares
 ENV PYTHONPATH=/srv \
-    APP_MODULE=${APP_MODULE}
+    APP_MODULE=${APP_MODULE} \
+    OMP_WAIT_POLICY=PASSIVE
 # /data: a server's data directory (Chroma's), owned by the runtime user so a fresh volume is writable.
 RUN python -c "import importlib, os; importlib.import_module(os.environ['APP_MODULE'])" \
  && mkdir -p /data && chown 1000:1000 /data

@@ -37,6 +37,7 @@ shared_engine.model_loader.default_model, transformers.modeling_gguf_pytorch_uti
 transformers.models.llama.modeling_llama"
 
 ENV PATH=/opt/venv/bin:$PATH \
+    OMP_WAIT_POLICY=PASSIVE \
     HOME=/home/engine \
     SHARED_ENGINE_CACHE=/models \
     HF_HUB_OFFLINE=1 \

@@ -48,7 +48,7 @@ def run_ours(args, prompts, out_lens) -> tuple[dict, object]:
               "kv_cache_memory": args.kv_cache_memory, "gpu_memory_utilization": args.gpu_memory_utilization,
               "enforce_eager": args.enforce_eager or None, "device": args.device,
               "enable_async_output_proc": args.enable_async_output_proc or None,
-              "async_scheduling": args.async_scheduling}
+              "async_scheduling": args.async_scheduling, "tensor_parallel_size": args.tensor_parallel_size}
     llm = LLM(args.model, **{k: v for k, v in chosen.items() if v is not None})
     engine = llm.engine
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
@@ -134,13 +134,14 @@ def roofline(args, llm, prompts, out_lens) -> dict:
     from benchmarks.roofline import measure_device_ceilings, offline_roofline
 
     engine = llm.engine
-    ceilings = measure_device_ceilings()
+    ceilings = measure_device_ceilings()  # on GPU 0; under tensor parallelism every GPU streams its shard,
+    tp = engine.config.parallel.tensor_parallel_size  # so the bound is over tp times one GPU's ceilings
     bound = offline_roofline(engine.source.arch, engine.runner.dtype_name, len(prompts),
                              statistics.mean(map(len, prompts)), statistics.mean(out_lens),
                              engine.block_manager.num_blocks * engine.block_manager.block_size,
-                             engine.config.scheduler.max_num_seqs, ceilings["copy_bandwidth_bytes_per_s"],
-                             ceilings["matmul_bf16_flops_per_s"])
-    return {**ceilings, **bound}
+                             engine.config.scheduler.max_num_seqs, tp * ceilings["copy_bandwidth_bytes_per_s"],
+                             tp * ceilings["matmul_bf16_flops_per_s"])
+    return {**ceilings, **bound, "num_gpus": tp, "copy_bandwidth_all_gpus": tp * ceilings["copy_bandwidth_bytes_per_s"]}
 
 
 def parse_args():
@@ -165,6 +166,8 @@ def parse_args():
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule and launch step n+1 before step n's tokens reach the host (default: the "
                    "engine's, on for CUDA; engine/async_output.py)")
+    p.add_argument("--tensor-parallel-size", type=int, default=None,
+                   help="GPUs per engine; the roofline and the weight-streaming floor are then over all of them")
     p.add_argument("--hf-mode", choices=["generate", "generate_batch", "none"], default="generate")
     p.add_argument("--hf-batch-size", type=int, default=16)
     p.add_argument("--hf-num-requests", type=int, default=None, help="run transformers on the first K only")
@@ -198,7 +201,7 @@ def main() -> None:
         print(f"roofline:     {rl['output_tokens_per_s_bound']:9.1f} output tokens/s ({rl['bound']}-bound); "
               f"ours = {100 * results['fraction_of_roofline']:.1f}%", flush=True)
         # batch-1 decode's bound: every step streams the weights once (issue 5's "weight-streaming floor")
-        floor_ms = 1e3 * rl["weight_bytes"] / rl["copy_bandwidth_bytes_per_s"]
+        floor_ms = 1e3 * rl["weight_bytes"] / rl["copy_bandwidth_all_gpus"]  # TP: each GPU streams 1/N
         tpot = results["ours"]["median_tpot_ms"]
         results["weight_streaming_floor_ms"] = floor_ms
         results["median_tpot_over_floor"] = tpot / floor_ms if tpot else None
@@ -206,6 +209,8 @@ def main() -> None:
             print(f"median TPOT {tpot:.2f} ms = {tpot / floor_ms:.3f}x the weight-streaming floor ({floor_ms:.2f} ms)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))  # keep our figures even if the baseline fails
+    if llm is not None:
+        llm.shutdown()  # tensor parallelism: stop the worker processes (frees their GPUs)
     if args.hf_mode != "none":
         import gc
 

@@ -148,6 +148,7 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per engine (tensor parallelism)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="a handful of scenarios (smoke test)")
     p.add_argument("--out", required=True)
@@ -159,7 +160,8 @@ def main() -> None:
 
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-              enable_prefix_caching=False, async_scheduling=False)  # one step per engine.step(), timed whole
+              enable_prefix_caching=False, async_scheduling=False,  # one step per engine.step(), timed whole
+              tensor_parallel_size=args.tensor_parallel_size)
     engine = llm.engine
     device = engine.runner.device.type
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -192,6 +194,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, separators=(",", ":")) + "\n")
     print(f"wrote {len(recorder.steps)} steps to {out}; ceilings {ceilings}")
+    llm.shutdown()
 
 
 def _load_average() -> list[float] | str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 
@@ -31,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(default_model_dir())
     elif args.command == "serve":
+        # Idle OpenMP threads sleep instead of spinning (libgomp reads this when torch loads it, in this
+        # process and in the engine core it spawns): spinning threads steal the cores that the event loop,
+        # the tokenizer and any other process need (benchmarks/cpu_contention.py). Set it to override.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         try:
             engine_config, server_config = build_configs(args)
         except (ValueError, OSError) as e:

@@ -103,6 +103,9 @@ class SamplingParams:
                 f"{name} must be between 0 and {max_logprobs}, got {value}",
             )
         _check(all(s for s in self.stop), "stop strings must be non-empty")
+        _check(not (self.min_tokens and self.structured_outputs is not None),
+               "min_tokens cannot be combined with structured outputs (response_format, tool_choice): a "
+               "complete JSON value allows only EOS")
         for token_id, bias in (self.logit_bias or {}).items():
             _check(token_id >= 0, f"logit_bias: token ids must be non-negative, got {token_id}")
             _check(-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS,

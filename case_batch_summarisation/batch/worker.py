@@ -6,6 +6,7 @@ appears atomically (run-batch writes a hidden temp file, then renames it), then 
 (shards.py). A worker killed at any point (SIGKILL included) leaves at most a hidden temp file, never a
 partial `shard-*.jsonl` and never a done record; the retry removes the temp files and runs the shard again;
 a finished shard is skipped. Exit status and the last log lines of a failed worker are in the raised error.
+On a host with `BATCH_NUM_GPUS` GPUs, each worker holds one of them alone (gpu_slots.py).
 
     python -m case_batch_summarisation.batch.worker NIGHT_DIR shard-00000 [--config the_fix/config_cpu.yaml]
 """
@@ -20,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from case_batch_summarisation.batch.gpu_slots import gpu_slot
 from case_batch_summarisation.batch.shards import done_path, is_finished, sha256_file, write_atomic
 
 CASE_DIR = Path(__file__).resolve().parents[1]
@@ -32,6 +34,11 @@ class ShardFailed(RuntimeError):
 
 def engine_python() -> str:
     return os.environ.get("BATCH_ENGINE_PYTHON", sys.executable)
+
+
+def num_gpus() -> int:
+    """GPUs on this host that shard workers share, one each (`BATCH_NUM_GPUS`; 0 on a CPU host)."""
+    return int(os.environ.get("BATCH_NUM_GPUS", "0"))
 
 
 def run_shard(night_dir: Path, name: str, config: Path | None = None, extra_args: list[str] | None = None) -> dict:
@@ -52,10 +59,11 @@ def run_shard(night_dir: Path, name: str, config: Path | None = None, extra_args
     log_path = night_dir / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    with open(log_path, "ab") as log:
-        log.write(f"\n== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n".encode())
+    with gpu_slot(night_dir / "locks", num_gpus()) as gpu, open(log_path, "ab") as log:
+        env = dict(os.environ) if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        log.write(f"\n== {time.strftime('%H:%M:%S')} gpu {gpu}: {' '.join(cmd)}\n".encode())
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=CASE_DIR.parent)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=CASE_DIR.parent, env=env)
         write_atomic(out_dir / f".{name}.worker.pid", str(proc.pid))
         rc = proc.wait()
     if rc != 0 or not output.exists() or not summary.exists():
@@ -64,7 +72,8 @@ def run_shard(night_dir: Path, name: str, config: Path | None = None, extra_args
                           f"{log_path}:\n" + "\n".join(tail))
     record = {"name": name, "output_sha256": sha256_file(output),
               "num_rows": len(output.read_text(encoding="utf-8").splitlines()),
-              "wall_s": time.time() - started, "summary": json.loads(summary.read_text())}
+              "wall_s": time.time() - started, "gpu": gpu, "host": os.uname().nodename,
+              "summary": json.loads(summary.read_text())}
     write_atomic(done_path(out_dir, name), json.dumps(record, indent=2))
     summary.unlink(missing_ok=True)
     return {**record, "skipped": False}

@@ -12,7 +12,8 @@ real token counts.
 
 Every row shares one instruction (tickets/instruction.md) as its system message, so all prompts share the
 same prefix for the prefix cache. Rows are greedy (temperature 0) with `max_completion_tokens` 160 (the
-brief's summaries are 100-150 tokens). `fixed_output=True` (benchmarks on dummy weights, whose outputs never
+brief's summaries are 100-150 tokens) and the summary's JSON schema as `response_format` (decoding is
+constrained to it: batch/summary_schema.py). `fixed_output=True` (benchmarks on dummy weights, whose outputs never
 end by themselves) sets `ignore_eos` and a summary length drawn uniformly from 100-150 tokens per ticket.
 """
 
@@ -117,28 +118,44 @@ def render(t: dict) -> str:
     return "\n".join(lines)
 
 
-def batch_row(t: dict, model: str | None, rng: random.Random, fixed_output: bool) -> dict:
+def response_format() -> dict:
+    """The summary's JSON schema as an OpenAI `response_format` (the engine constrains decoding to it)."""
+    from case_batch_summarisation.batch.summary_schema import SUMMARY_SCHEMA
+
+    return {"type": "json_schema", "json_schema": {"name": "ticket_summary", "schema": SUMMARY_SCHEMA, "strict": True}}
+
+
+def batch_row(t: dict, model: str | None, rng: random.Random, fixed_output: bool,
+              max_completion_tokens: int = 160, structured: bool = True) -> dict:
     body = {"messages": [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": render(t)}],
-            "temperature": 0.0, "max_completion_tokens": 160}
+            "temperature": 0.0, "max_completion_tokens": max_completion_tokens}
     if model:
         body["model"] = model
     if fixed_output:
         body.update(max_completion_tokens=rng.randint(100, 150), ignore_eos=True)
+    elif structured:
+        body["response_format"] = response_format()
     return {"custom_id": t["ticket_id"], "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 
 def generate(num_tickets: int, seed: int = 0, spec: TicketSpec = TicketSpec(), model: str | None = None,
-             fixed_output: bool = False, start: int = 0) -> Iterator[dict]:
-    """Batch rows for tickets `start .. start + num_tickets - 1`; the same seed gives the same rows."""
+             fixed_output: bool = False, start: int = 0, max_completion_tokens: int = 160,
+             structured: bool = True) -> Iterator[dict]:
+    """Batch rows for tickets `start .. start + num_tickets - 1`; the same seed gives the same rows.
+    `max_completion_tokens` lower than 160 scales the summaries down (the CPU runs); `structured` adds the
+    summary's `response_format` (not with `fixed_output`: dummy weights make no summary to constrain)."""
     rng = random.Random(seed)
     for i in range(start, start + num_tickets):
-        yield batch_row(ticket(i, rng, spec), model, rng, fixed_output)
+        yield batch_row(ticket(i, rng, spec), model, rng, fixed_output, max_completion_tokens, structured)
 
 
 def write(path: Path, rows) -> int:
-    from shared_engine.entrypoints.batch.batch_output import write_jsonl_atomic
+    """Write rows as JSON lines, atomically (standard library only: the Airflow task calls it)."""
+    from case_batch_summarisation.batch.shards import write_atomic
 
-    return write_jsonl_atomic(Path(path), rows)
+    lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in rows]
+    write_atomic(Path(path), "".join(lines))
+    return len(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,10 +167,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=6000, help="longest ticket, in tokens")
     p.add_argument("--model", default=None, help="the body's model field (default: omitted)")
     p.add_argument("--fixed-output", action="store_true", help="ignore_eos + 100-150 output tokens (dummy weights)")
+    p.add_argument("--max-completion-tokens", type=int, default=160)
+    p.add_argument("--no-response-format", action="store_true", help="leave the summary unconstrained")
     p.add_argument("-o", "--output", type=Path, required=True)
     args = p.parse_args(argv)
     spec = TicketSpec(median_tokens=args.median_tokens, sigma=args.sigma, max_tokens=args.max_tokens)
-    n = write(args.output, generate(args.num_tickets, args.seed, spec, args.model, args.fixed_output))
+    n = write(args.output, generate(args.num_tickets, args.seed, spec, args.model, args.fixed_output,
+                                    max_completion_tokens=args.max_completion_tokens,
+                                    structured=not args.no_response_format))
     print(json.dumps({"rows": n, "output": str(args.output)}))
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Headless Chromium and its WebDriver for the RAG chat page test (tests/rag/test_chat_page.py), from Debian.
-# Usage: setup_chromium.sh ENV_FILE. Idempotent; on success it appends SHARED_ENGINE_REQUIRE_CHROMIUM=1 to
-# ENV_FILE, so the page test fails (instead of skipping) if Chromium is then missing.
+# Usage: setup_chromium.sh ENV_FILE. Idempotent. .ci/run sets the variable below before running this script,
+# so the page test fails (instead of skipping) if this set-up fails or Chromium is then missing.
+# ci-require: SHARED_ENGINE_REQUIRE_CHROMIUM
 set -euo pipefail
-env_file=${1:?usage: setup_chromium.sh ENV_FILE}
+: "${1:?usage: setup_chromium.sh ENV_FILE}"
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq || echo "apt-get update reported errors (unreachable extra sources?); going on"
@@ -11,4 +12,3 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
 fi
 chromium --version
 chromedriver --version
-echo "SHARED_ENGINE_REQUIRE_CHROMIUM=1" >> "$env_file"

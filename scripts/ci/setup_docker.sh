@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # CI set-up for the deploy tests: Debian's Docker engine with host networking only, compose v2, debootstrap.
 #
-# Usage: scripts/ci/setup_docker.sh ENV_FILE   (appends SHARED_ENGINE_REQUIRE_DOCKER=1 once Docker works)
+# Usage: scripts/ci/setup_docker.sh ENV_FILE
+# .ci/run sets the variable below before running this script, so the deploy suites fail (instead of
+# skipping) when this set-up fails.
+# ci-require: SHARED_ENGINE_REQUIRE_DOCKER
 #
 # Idempotent: installs only what is missing and starts dockerd only when no engine answers. No registry is
 # reachable here, so images are built from a local Debian base (scripts/build_images.sh); containers share the
 # host's network (`--bridge=none --iptables=false`), so tests talk to 127.0.0.1 only.
 set -euo pipefail
-env_file=${1:?usage: setup_docker.sh ENV_FILE}
+: "${1:?usage: setup_docker.sh ENV_FILE}"
 COMPOSE_VERSION=2.40.3
 DOCKERD_LOG=${DOCKERD_LOG:-/var/log/shared-engine-dockerd.log}
 export DEBIAN_FRONTEND=noninteractive
@@ -46,5 +49,3 @@ if ! docker compose version 2>/dev/null | grep -q "v2"; then
     rm -rf "$tmp"
 fi
 docker compose version
-
-echo "SHARED_ENGINE_REQUIRE_DOCKER=1" >> "$env_file"

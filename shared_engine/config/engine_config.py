@@ -14,10 +14,12 @@ from shared_engine.config.cache_config import CacheConfig
 from shared_engine.config.device_config import DeviceConfig
 from shared_engine.config.lora_config import LoRAConfig
 from shared_engine.config.model_config import ModelConfig
+from shared_engine.config.parallel_config import ParallelConfig
 from shared_engine.config.scheduler_config import SchedulerConfig
+from shared_engine.config.speculative_config import SpecDecodeSection, SpeculativeConfig
 
 _SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "device": DeviceConfig,
-             "lora": LoRAConfig}
+             "lora": LoRAConfig, "parallel": ParallelConfig, "speculative": SpecDecodeSection}
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,13 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative: SpecDecodeSection = field(default_factory=SpecDecodeSection)
+
+    @property
+    def speculative_config(self) -> SpeculativeConfig | None:
+        """Speculative decoding settings, None when off."""
+        return self.speculative.speculative_config
 
     @classmethod
     def field_names(cls) -> dict[str, str]:

@@ -168,6 +168,20 @@ class BlockManager:
                 self._block_depth[block] = depth
         self._num_registered[rid] = num_full
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Return the request's blocks past its first `num_tokens` positions (a speculative step's rejected
+        lookahead slots). Such blocks hold no verified KV, so they were never registered or pending."""
+        table = self.block_tables.get(request.request_id)
+        keep = self.blocks_for_tokens(num_tokens)
+        if table is None or len(table) <= keep:
+            return
+        for block in table[keep:]:
+            assert self._block_hash[block] is None, "a lookahead block was registered in the prefix cache"
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self._free.appendleft(block)
+        del table[keep:]
+
     def free(self, request: Request) -> None:
         """Drop the request's references. Blocks nobody holds become free, or evictable if cached."""
         rid = request.request_id

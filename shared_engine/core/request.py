@@ -63,6 +63,11 @@ class Request:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    # speculative decoding: the proposer's guesses after the last token, read by the next `schedule` (which
+    # may take fewer); accepted / drafted counts of this request's verified drafts (its acceptance rate)
+    draft_token_ids: list[int] = field(default_factory=list)
+    num_draft_tokens_total: int = 0
+    num_accepted_tokens_total: int = 0
 
     def __post_init__(self) -> None:
         if self.lora_request is not None:
@@ -112,7 +117,9 @@ class Request:
         self.output_token_ids.append(token_id)
 
     def check_stop(self, max_model_len: int) -> RequestStatus | None:
-        """Decide, after a token was appended, whether the request is done (stop token, EOS or length)."""
+        """Decide, after a token was appended, whether the request is done (stop token, EOS or length).
+        A speculative step appends its accepted tokens one at a time and calls this after each, so a stop
+        inside an accepted run ends the request there (`Scheduler.resolve`)."""
         num_output = len(self.output_token_ids)  # read once: this runs for every request at every step
         if not num_output:
             return None

@@ -6,6 +6,13 @@ arrival order, each getting as many prompt tokens as the budget leaves (a chunk)
 dry it preempts by recompute: the most recently arrived running request loses its blocks and goes back to
 the front of the waiting queue (Orca, Yu et al. 2022; vLLM's recompute preemption). Imports no torch.
 
+Speculative decoding: a decoding request whose proposer left `draft_token_ids` is scheduled with up to k of
+them after its last token (k + 1 query tokens, all inside the token budget), never past `max_tokens` or
+`max_model_len`, and only when its blocks already have or can get the lookahead slots without preempting
+anyone. `resolve` appends the step's accepted tokens one at a time, stopping at the first that ends the
+request, rewinds `num_computed_tokens` past the rejected drafts (so only verified tokens reach the prefix
+cache), and returns the blocks that held nothing but rejected slots.
+
 Multi-LoRA (`max_loras` set): the running requests use at most `max_loras` distinct adapters (the model
 runner's GPU slots), so a slot is never taken from a running request. A waiting request whose adapter
 would exceed the limit is skipped, and so is every adapter request behind it (base-model requests still
@@ -17,7 +24,7 @@ from __future__ import annotations
 
 import operator
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 from shared_engine.config.scheduler_config import SchedulerConfig
 from shared_engine.core.block_manager import BlockManager
@@ -30,6 +37,10 @@ _ADMISSION_WATERMARK = 0.01
 
 
 _ARRIVAL_ORDER = operator.attrgetter("arrival_order")
+
+
+def _step_order(item: ScheduledRequest) -> int:
+    return 0 if item.is_decode else 1 if item.num_draft_tokens else 2
 
 
 def build_scheduler(config, num_blocks: int, max_model_len: int) -> Scheduler:
@@ -57,6 +68,7 @@ class Scheduler:
         self.prefix_cache_queries = 0  # tokens looked up in the prefix cache at admission
         self.prefix_cache_hits = 0  # of those, tokens served from it
         self._watermark_blocks = int(_ADMISSION_WATERMARK * block_manager.num_blocks)
+        self._drafts_in_flight = False  # a launched step with drafts is not resolved yet
 
     # ---- queue management ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -85,6 +97,8 @@ class Scheduler:
     # ---- one step ------------------------------------------------------------------------------------
     def schedule(self, now: float | None = None) -> SchedulerOutput:
         """Choose this step's work. `now` (seconds, the caller's clock) stamps first scheduling times."""
+        if self._drafts_in_flight:
+            raise RuntimeError("a step with draft tokens must be resolved before the next one is scheduled")
         self._now = now
         out = SchedulerOutput()
         budget = self.config.token_budget
@@ -98,12 +112,18 @@ class Scheduler:
             num_new = min(remaining, budget)
             # More tokens than the held blocks have slots for? Most decode steps still fit in the last block.
             table = block_tables.get(request.request_id, ())
+            num_drafts = 0
+            if remaining == 1 and request.draft_token_ids:
+                num_drafts = self._num_drafts(request, budget - 1, table)
+            num_new += num_drafts
             if request.num_computed_tokens + num_new > len(table) * block_size:
                 if not self._reserve(request, num_new, scheduled_ids, out):
                     continue
                 table = block_tables[request.request_id]
-            self._add(out, request, num_new, num_new == remaining, table, scheduled_ids)
+            self._add(out, request, num_new, num_new == remaining + num_drafts, table, scheduled_ids, num_drafts)
             budget -= num_new
+        if out.num_draft_tokens:  # decodes, speculative decodes, prefill chunks (the input builder's order)
+            out.scheduled.sort(key=_step_order)
         if not out.preempted_request_ids:
             budget = self._admit_waiting(out, budget, scheduled_ids)
         if self.max_loras is not None:
@@ -128,6 +148,23 @@ class Scheduler:
             else:
                 yield request, remaining
         yield from prefills
+
+    def _num_drafts(self, request: Request, budget: int, table) -> int:
+        """How many of the request's draft tokens this step verifies: none while its last token is in
+        flight, none at a position past max_tokens or max_model_len, none beyond the budget, and none that
+        would need a block the pool cannot give without preempting someone."""
+        outputs = request.output_token_ids
+        if outputs and outputs[-1] < 0:
+            return 0
+        # drafts cover at most the positions left (a bonus token past max_tokens is dropped by `check_stop`)
+        n = min(len(request.draft_token_ids), budget, request.max_tokens - len(outputs),
+                self.max_model_len - request.num_tokens)
+        if n <= 0:
+            return 0
+        bm = self.block_manager
+        if request.num_computed_tokens + 1 + n > len(table) * bm.block_size and not bm.can_allocate(request, 1 + n):
+            return 0
+        return n
 
     def _ends_in_flight(self, request: Request) -> bool:
         """Async scheduling: the request's last token is in flight and ends it by length."""
@@ -207,13 +244,21 @@ class Scheduler:
         return needed + self._watermark_blocks <= bm.num_free_blocks
 
     def _add(self, out: SchedulerOutput, request: Request, num_new: int, needs_sample: bool, block_table: list[int],
-             scheduled_ids: set[str]) -> None:
+             scheduled_ids: set[str], num_drafts: int = 0) -> None:
         """Schedule tokens [num_computed_tokens, + num_new) of the request (whose blocks, `block_table`, have
-        slots for them); `needs_sample` when they reach its last known token."""
+        slots for them), the last `num_drafts` of them its first draft tokens; `needs_sample` when they reach
+        its last known token."""
         start = request.num_computed_tokens
-        token_ids = request.token_ids_slice(start, start + num_new)
-        # positional arguments: one of these is built per request per step
-        out.scheduled.append(ScheduledRequest(request, token_ids, start, block_table, needs_sample))
+        if num_drafts:
+            token_ids = request.token_ids_slice(start, start + 1) + request.draft_token_ids[:num_drafts]
+            request.draft_token_ids = []  # used once: the proposer drafts again after the step
+            out.num_draft_tokens += num_drafts
+            item = ScheduledRequest(request, token_ids, start, block_table, needs_sample, num_drafts)
+        else:
+            token_ids = request.token_ids_slice(start, start + num_new)
+            # positional arguments: one of these is built per request per step
+            item = ScheduledRequest(request, token_ids, start, block_table, needs_sample)
+        out.scheduled.append(item)
         out.num_batched_tokens += num_new
         scheduled_ids.add(request.request_id)
 
@@ -221,6 +266,7 @@ class Scheduler:
         self.running.remove(request)
         self.block_manager.free(request)
         request.num_computed_tokens = 0
+        request.draft_token_ids = []
         request.num_preemptions += 1
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
@@ -232,21 +278,25 @@ class Scheduler:
     # scheduled while step n still runs: `apply_launched` (what a launched step will have done, known without
     # its tokens) and `resolve` (its sampled tokens). Between the two, each sampling request's last output
     # token is a placeholder, -(i + 1) for the step's i-th sampled row, which the model runner replaces on
-    # the device with that row's sampled id when the placeholder is the input of the next step.
+    # the device with that row's sampled id when the placeholder is the input of the next step. A placeholder
+    # stands for all the tokens its row yields (1 to k + 1 with draft tokens); since how many is known only
+    # when the step is collected, a step with drafts must be resolved before the next `schedule`.
     def update_from_output(
-        self, out: SchedulerOutput, sampled: dict[str, int], now: float = 0.0
+        self, out: SchedulerOutput, sampled: Mapping[str, Sequence[int]], now: float = 0.0
     ) -> list[Request]:
         """Advance progress, append sampled tokens, and finish requests that stop (both halves at once).
 
-        `sampled` maps request ids (those with `needs_sample`) to their new token. Returns the requests
-        that were updated (got a token or finished) in this step.
+        `sampled` maps request ids (those with `needs_sample`) to their new tokens (one, or a speculative
+        decode's accepted drafts plus its bonus token). Returns the requests that were updated (got a token
+        or finished) in this step.
         """
         self.apply_launched(out, now)
         return self.resolve(out, sampled, now)
 
     def apply_launched(self, out: SchedulerOutput, now: float = 0.0) -> None:
         """Record a launched step's progress: the KV of its tokens is (being) computed, and every request it
-        samples gets a placeholder last token (its position is known, its value is not)."""
+        samples gets a placeholder last token (its position is known, its value is not). A speculative
+        decode counts all its draft slots as computed until `resolve` rewinds past the rejected ones."""
         sample_row = 0
         for item in out.scheduled:
             request = item.request
@@ -259,35 +309,58 @@ class Scheduler:
                 request.first_scheduled_time = now
             if item.needs_sample:
                 request.output_token_ids.append(-sample_row)
+        self._drafts_in_flight = out.num_draft_tokens > 0
 
-    def resolve(self, out: SchedulerOutput, sampled: dict[str, int], now: float = 0.0) -> list[Request]:
+    def resolve(self, out: SchedulerOutput, sampled: Mapping[str, Sequence[int]], now: float = 0.0) -> list[Request]:
         """Put a collected step's sampled tokens in place of its placeholders, register the blocks its
-        tokens filled with the prefix cache, and finish requests that stop (EOS, a stop token id, max_tokens,
-        max_model_len). Must come after the step's `apply_launched` and before the next one's. Returns the
-        requests that got a token."""
+        verified tokens filled with the prefix cache, and finish requests that stop (EOS, a stop token id,
+        max_tokens, max_model_len), at the first accepted token that stops them. Must come after the step's
+        `apply_launched` and before the next one's. Returns the requests that got a token."""
         updated = []
         cache_computed_blocks = self.block_manager.cache_computed_blocks
         for item in out.scheduled:
             request = item.request
             if request.is_finished:
                 continue
+            tokens = sampled.get(request.request_id)
+            if tokens is None:
+                if request.status is RequestStatus.RUNNING:
+                    cache_computed_blocks(request)
+                continue
+            status = self._append(request, item, tokens)
             if request.status is RequestStatus.RUNNING:
                 cache_computed_blocks(request)
-            token = sampled.get(request.request_id)
-            if token is None:
-                continue
-            outputs = request.output_token_ids
-            if not outputs or outputs[-1] >= 0:
-                raise RuntimeError(f"request {request.request_id}: no placeholder for its sampled token")
-            outputs[-1] = token
             if request.first_token_time is None:
                 request.first_token_time = now
             request.last_token_time = now
-            status = request.check_stop(self.max_model_len)
             if status is not None:
                 self.finish_request(request, status, now)
+            elif item.num_draft_tokens:
+                self.block_manager.trim(request, request.num_tokens)
             updated.append(request)
+        self._drafts_in_flight = False
         return updated
+
+    def _append(self, request: Request, item: ScheduledRequest, tokens: Sequence[int]) -> RequestStatus | None:
+        """Replace the request's placeholder with `tokens`, one at a time, up to the first that ends it."""
+        outputs = request.output_token_ids
+        if not outputs or outputs[-1] >= 0:
+            raise RuntimeError(f"request {request.request_id}: no placeholder for its sampled token")
+        if len(tokens) == 1:
+            outputs[-1] = tokens[0]
+            status = request.check_stop(self.max_model_len)
+        else:
+            outputs.pop()
+            for token in tokens:
+                outputs.append(token)
+                status = request.check_stop(self.max_model_len)
+                if status is not None:
+                    break
+        if item.num_draft_tokens:
+            request.num_draft_tokens_total += item.num_draft_tokens
+            request.num_accepted_tokens_total += len(tokens) - 1
+            request.num_computed_tokens = request.num_tokens - 1  # the rejected drafts' KV is not verified
+        return status
 
     def finish_request(self, request: Request, status: RequestStatus, now: float | None = None) -> None:
         """Take the request out of its queue, free its blocks and mark it finished with `status`."""

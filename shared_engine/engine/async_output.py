@@ -67,6 +67,13 @@ a step later; blocks step n filled reach the prefix cache a step later. A reques
 last token by length (max_tokens, max_model_len) is not scheduled again. When step n+1 has a request with
 repetition / presence / frequency penalties or a grammar (which read the output tokens), step n is
 collected before step n+1 is launched. Greedy and seeded outputs are the same as without the flag (tests/engine).
+
+Speculative decoding: a step with draft tokens yields 1 to k + 1 tokens per request, so the placeholder
+for its row stands for a run whose length (and so the next step's positions) is known only when the step
+is collected; and the proposer drafts from resolved tokens. So when the step in flight has drafts, or the
+policy may speculate in the next step, step n is collected and resolved before step n+1 is proposed and
+scheduled (the order of async output processing); when the policy has turned speculation off (large
+batches) the steps overlap as above.
 """
 
 from __future__ import annotations
@@ -121,9 +128,11 @@ class AsyncOutputStepper:
         """Launch the next step, collect the one in flight, and return the collected step's outputs."""
         previous, self.in_flight = self.in_flight, None
         collected = None
-        if previous is not None and not self.overlap_scheduling:
+        if previous is not None and (not self.overlap_scheduling or self._needs_resolved_drafts(engine, previous)):
             collected = self._collect(engine, previous)
         started = time.perf_counter()
+        if collected is not None or previous is None:
+            engine.propose_drafts()
         out = engine.scheduler.schedule(time.time())
         scheduled = time.perf_counter()
         launched = None
@@ -141,6 +150,12 @@ class AsyncOutputStepper:
         return outputs
 
     @staticmethod
+    def _needs_resolved_drafts(engine: LLMEngine, previous: _InFlightStep) -> bool:
+        """Speculative decoding: the step in flight has drafts, or the next step may have some."""
+        spec = engine.spec
+        return spec is not None and (previous.out.has_drafts or spec.wants_drafts(engine.scheduler.num_running))
+
+    @staticmethod
     def _needs_resolved_history(out: SchedulerOutput) -> bool:
         """Whether the step's sampling reads output tokens (penalties, a grammar's state), so the step in
         flight must be resolved before it is launched."""
@@ -154,7 +169,7 @@ class AsyncOutputStepper:
         result = engine.runner.collect(step.launched)
         collected = time.perf_counter()
         now = time.time()
-        updated = engine.scheduler.resolve(step.out, {rid: r.token_id for rid, r in result.sampled.items()}, now)
+        updated = engine.scheduler.resolve(step.out, result.token_ids(), now)
         return _Collected(step, result, updated, collected - collecting, time.perf_counter() - collected,
                           engine.runner.gpu_span_seconds - gpu_before, now)
 
@@ -162,12 +177,14 @@ class AsyncOutputStepper:
     def _process(engine: LLMEngine, c: _Collected) -> list[RequestOutput]:
         """Step n's outputs (prompt logprobs, detokenisation, stop strings) and its stats line entry."""
         processing = time.perf_counter()
-        outputs = engine.process_outputs(c.result, c.updated, c.now)
+        outputs, num_tokens = engine.process_outputs(c.step.out, c.result, c.updated, c.now)
         output_seconds = c.resolve_seconds + time.perf_counter() - processing
         # model runner: its launch plus the wait in collect (what the device had left when the host got there)
         model_seconds = c.step.launch_seconds + c.wait_seconds
         engine.stats.on_step(
-            c.step.out, len(c.updated), c.step.schedule_seconds + model_seconds + output_seconds,
+            c.step.out, num_tokens, c.step.schedule_seconds + model_seconds + output_seconds,
             engine.scheduler, engine.block_manager,
             phases=(c.step.schedule_seconds, model_seconds, output_seconds, c.gpu_seconds))
+        if engine.spec is not None:  # the step's cost for the policy: the device's span where there is one
+            engine.spec.on_step(c.step.out, c.gpu_seconds or c.step.schedule_seconds + model_seconds + output_seconds)
         return outputs

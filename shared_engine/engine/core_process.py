@@ -7,7 +7,7 @@ users (case_rag_chatbot, README "The Fix"): a step took 41 ms in the server agai
 same step alone on the GPU. Here the engine loop has a whole interpreter to itself.
 
 Protocol, over two one-way `multiprocessing` pipes (pickled tuples):
-    API -> core   ("add", request_id, prompt_token_ids, params, prompt)
+    API -> core   ("add", request_id, prompt_token_ids, params, prompt, cache_salt, lora_request)
                   ("abort", request_id)
                   ("shutdown",)
     core -> API   ("ready", EngineInfo)                    once, after the engine is built
@@ -16,14 +16,21 @@ Protocol, over two one-way `multiprocessing` pipes (pickled tuples):
                                                            after every step (deltas: output_delta.py)
                   ("rejected", request_id, message)        add_request raised ValueError
                   ("stats", EngineSnapshot, num_adds_seen) after commands handled while idle
-                  ("dead", message)                        a step raised; the process then exits
+                  ("heartbeat",)                           every idle wait (0.5 s) with nothing else to
+                                                           send: the API side's watchdog (heartbeat.py)
+                                                           declares a silent core hung
+                  ("dead", message)                        a step raised, or a tensor-parallel worker
+                                                           died; the process then exits
 The core exits on "shutdown", when the API side's pipe closes (the API process is gone), or after "dead".
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
+import threading
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -62,7 +69,11 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
         logger.exception("engine core failed to start")
         results.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    results.send(("ready", EngineInfo(engine.config, engine.source, engine.max_model_len)))
+    send = _LockedSender(results)
+    add_failure_callback = getattr(engine.runner, "add_failure_callback", None)  # tensor parallelism
+    if add_failure_callback is not None:
+        add_failure_callback(lambda reason: _die(send, reason))
+    send(("ready", EngineInfo(engine.config, engine.source, engine.max_model_len)))
     encoder = OutputDeltaEncoder()
     num_adds_seen = 0
     last_tokens = 0
@@ -76,30 +87,57 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
                 handled = True
                 kind = command[0]
                 if kind == "add":
-                    _, request_id, ids, params, prompt = command
+                    _, request_id, ids, params, prompt, cache_salt, lora_request = command
                     num_adds_seen += 1
                     try:
-                        engine.add_request(request_id, ids, params, prompt=prompt)
+                        engine.add_request(request_id, ids, params, prompt=prompt, cache_salt=cache_salt,
+                                           lora_request=lora_request)
                     except ValueError as exc:
-                        results.send(("rejected", request_id, str(exc)))
+                        send(("rejected", request_id, str(exc)))
                 elif kind == "abort":
                     engine.abort_request(command[1])
                     encoder.forget(command[1])
                 elif kind == "shutdown":
+                    engine.shutdown()
                     return
             if not engine.has_unfinished_requests():
-                if handled:
-                    results.send(("stats", EngineSnapshot.of(engine), num_adds_seen))
+                send(("stats", EngineSnapshot.of(engine), num_adds_seen) if handled else ("heartbeat",))
                 continue
             try:
                 outputs = engine.step()
             except BaseException as exc:  # noqa: BLE001 - any failure kills the engine, not the server
                 logger.exception("engine step failed; failing in-flight requests")
-                results.send(("dead", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"))
+                send(("dead", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"))
                 return
             snapshot = EngineSnapshot.of(engine)
             num_tokens = snapshot.tokens_total - last_tokens
             last_tokens = snapshot.tokens_total
-            results.send(("step", [encoder.encode(o) for o in outputs], snapshot, num_adds_seen, num_tokens))
+            send(("step", [encoder.encode(o) for o in outputs], snapshot, num_adds_seen, num_tokens))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         logger.info("engine core: the API process went away; exiting")
+        engine.shutdown()
+    except BaseException as exc:  # noqa: BLE001 - a failed command: report it, never leave the API waiting
+        logger.exception("engine core loop failed; failing in-flight requests")
+        with contextlib.suppress(OSError):
+            send(("dead", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"))
+        engine.shutdown()
+
+
+class _LockedSender:
+    """`results.send` for two threads: the engine loop and the tensor-parallel worker monitor."""
+
+    def __init__(self, results: Connection) -> None:
+        self._results, self._lock = results, threading.Lock()
+
+    def __call__(self, message: tuple) -> None:
+        with self._lock:
+            self._results.send(message)
+
+
+def _die(send: _LockedSender, reason: str) -> None:
+    """A tensor-parallel worker died (monitor thread): report the engine dead and exit now, even while the
+    engine loop waits in a collective that would only fail at its timeout (NCCL)."""
+    with contextlib.suppress(OSError):
+        send(("dead", f"{reason}; the engine core stopped"))
+    logging.shutdown()
+    os._exit(1)

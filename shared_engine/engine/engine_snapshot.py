@@ -19,12 +19,20 @@ class EngineSnapshot:
     generation_tokens_total: int = 0
     prefix_cache_queries_total: int = 0  # tokens
     prefix_cache_hits_total: int = 0  # tokens
+    spec_decode_num_drafts_total: int = 0
     spec_decode_num_draft_tokens_total: int = 0
     spec_decode_num_accepted_tokens_total: int = 0
+    spec_decode_num_accepted_tokens_per_pos_total: tuple[int, ...] = ()  # [k]: accepted at draft position j
+    # multi-LoRA (max_loras 0: LoRA off): adapter names of running and waiting requests, and in GPU slots
+    max_loras: int = 0
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
+    resident_lora_adapters: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, engine) -> EngineSnapshot:
         stats, scheduler = engine.stats, engine.scheduler
+        spec = stats.spec
         return cls(
             num_running=scheduler.num_running,
             num_waiting=scheduler.num_waiting,
@@ -34,10 +42,27 @@ class EngineSnapshot:
             generation_tokens_total=stats.num_generation_tokens_total,
             prefix_cache_queries_total=stats.prefix_cache_queries_total,
             prefix_cache_hits_total=stats.prefix_cache_hits_total,
-            spec_decode_num_draft_tokens_total=getattr(stats, "spec_decode_num_draft_tokens_total", 0),
-            spec_decode_num_accepted_tokens_total=getattr(stats, "spec_decode_num_accepted_tokens_total", 0),
+            **({} if spec is None else dict(
+                spec_decode_num_drafts_total=spec.num_drafts_total,
+                spec_decode_num_draft_tokens_total=spec.num_draft_tokens_total,
+                spec_decode_num_accepted_tokens_total=spec.num_accepted_tokens_total,
+                spec_decode_num_accepted_tokens_per_pos_total=tuple(spec.accepted_per_pos_total))),
+            **_lora_fields(engine),
         )
 
     @property
     def tokens_total(self) -> int:
         return self.prompt_tokens_total + self.generation_tokens_total
+
+
+def _lora_fields(engine) -> dict:
+    manager = getattr(engine.runner, "lora", None)  # a tensor-parallel executor has none
+    if manager is None:
+        return {}
+    scheduler = engine.scheduler
+
+    def names(requests) -> tuple[str, ...]:
+        return tuple(sorted({r.lora_name for r in requests if r.lora_name is not None}))
+
+    return {"max_loras": manager.config.max_loras, "running_lora_adapters": names(scheduler.running),
+            "waiting_lora_adapters": names(scheduler.waiting), "resident_lora_adapters": manager.slot_names}

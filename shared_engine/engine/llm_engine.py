@@ -9,17 +9,21 @@ import time
 from shared_engine.config import EngineConfig
 from shared_engine.core.request import Request, RequestStatus
 from shared_engine.core.scheduler import build_scheduler
+from shared_engine.distributed.partition import head_partition
+from shared_engine.distributed.tp_executor import make_model_runner
 from shared_engine.engine.async_output import AsyncOutputStepper
 from shared_engine.engine.kv_capacity import capacity_line, check_fits, num_kv_blocks
 from shared_engine.engine.output_builder import OutputBuilder
 from shared_engine.engine.request_validator import validate_request
+from shared_engine.engine.spec_stats import SpecDecodeStats
 from shared_engine.engine.stats import EngineStats
 from shared_engine.engine.tokenizer import load_tokenizer
-from shared_engine.model_executor.model_runner import ModelRunner, StepResult
+from shared_engine.model_executor.model_runner import StepResult
 from shared_engine.model_loader.model_source import resolve_model
 from shared_engine.outputs import RequestOutput
 from shared_engine.sampling.grammar import GrammarBackend
 from shared_engine.sampling_params import SamplingParams
+from shared_engine.spec_decode.spec_decoder import SpecDecoder
 
 logger = logging.getLogger("shared_engine")
 
@@ -37,7 +41,7 @@ class LLMEngine:
         self.eos_token_ids = frozenset(self._eos_ids())
         self.grammar = (GrammarBackend(self.tokenizer, self.source.arch.vocab_size, self.eos_token_ids)
                         if self.tokenizer is not None else None)
-        self.runner = ModelRunner(config, self.source, self.grammar)
+        self.runner = make_model_runner(config, self.source, self.grammar)  # a TPExecutor when TP > 1
         num_blocks = num_kv_blocks(config, self.runner.kv_bytes_per_block, self.runner.free_kv_bytes())
         check_fits(num_blocks, config.cache.block_size, self.max_model_len)
         self.runner.allocate_kv_cache(num_blocks)
@@ -46,6 +50,12 @@ class LLMEngine:
         self.block_manager = self.scheduler.block_manager
         self.outputs = OutputBuilder(self.tokenizer)
         self.stats = EngineStats()
+        spec = config.speculative_config
+        self.spec = None if spec is None else SpecDecoder(spec, self.max_model_len, engine_config=config,
+                                                          source=self.source, runner=self.runner,
+                                                          tokenizer=self.tokenizer)
+        if self.spec is not None:
+            self.stats.spec = SpecDecodeStats()
         s = config.scheduler
         self.async_outputs = (AsyncOutputStepper(overlap_scheduling=s.async_scheduling)
                               if s.enable_async_output_proc or s.async_scheduling else None)
@@ -65,6 +75,19 @@ class LLMEngine:
         if not s.enable_chunked_prefill and s.token_budget < config.model.max_model_len:
             raise ValueError(f"without chunked prefill max_num_batched_tokens ({s.token_budget}) must be >= "
                              f"max_model_len ({config.model.max_model_len})")
+        tp = config.parallel.tensor_parallel_size
+        if tp > 1:
+            head_partition(self.source.arch.num_heads, self.source.arch.num_kv_heads, tp, 0)  # ValueError if no split
+            if config.lora.enable_lora:
+                raise ValueError("enable_lora is not supported with tensor_parallel_size > 1 (the LoRA layers are "
+                                 "not sharded across ranks)")
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (they also stop when the engine is collected
+        or the process exits)."""
+        shutdown = getattr(self.runner, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
     def _eos_ids(self) -> set[int]:
         ids = self.source.generation_eos_ids()
@@ -89,18 +112,18 @@ class LLMEngine:
         """
         max_tokens = validate_request(prompt_token_ids, params, self.max_model_len, self.config.model.max_logprobs,
                                       self.source.arch.vocab_size)
-        if request_id in self.outputs.groups:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        child_ids = [request_id] if params.n == 1 else [f"{index}_{request_id}" for index in range(params.n)]
+        if any(self.outputs.in_use(rid) for rid in {request_id, *child_ids}):
+            raise ValueError(f"request id {request_id!r} is already in use (by a request or one of its n choices)")
         if params.structured_outputs is not None:
             if self.grammar is None:
                 raise ValueError("structured outputs need a tokenizer; this model has none")
             self.grammar.validate(params.structured_outputs)
-        if lora_request is not None and self.runner.lora is None:
+        if lora_request is not None and getattr(self.runner, "lora", None) is None:
             raise ValueError(f"adapter {lora_request.lora_name!r} requested but LoRA is not enabled (enable_lora)")
         arrival = time.time() if arrival_time is None else arrival_time
         children = []
-        for index in range(params.n):
-            child_id = request_id if params.n == 1 else f"{index}_{request_id}"
+        for index, child_id in enumerate(child_ids):
             children.append(Request(
                 request_id=child_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params,
                 max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=arrival,
@@ -119,6 +142,8 @@ class LLMEngine:
             for child in self.outputs.children(request_id):
                 if self.scheduler.abort_request(child.request_id) is not None:
                     self.runner.release(child.request_id)
+                    if self.spec is not None:
+                        self.spec.release(child.request_id)
             self.outputs.drop(request_id)
 
     def has_unfinished_requests(self) -> bool:
@@ -134,6 +159,7 @@ class LLMEngine:
         if self.async_outputs is not None:
             return self.async_outputs.step(self)
         started = time.perf_counter()
+        self.propose_drafts()
         out = self.scheduler.schedule(time.time())
         if out.is_empty:
             return []
@@ -142,26 +168,40 @@ class LLMEngine:
         result = self.runner.execute(out)
         executed = time.perf_counter()
         now = time.time()
-        tokens = {rid: r.token_id for rid, r in result.sampled.items()}
-        updated = self.scheduler.update_from_output(out, tokens, now)
-        outputs = self.process_outputs(result, updated, now)
+        updated = self.scheduler.update_from_output(out, result.token_ids(), now)
+        outputs, num_tokens = self.process_outputs(out, result, updated, now)
         finished = time.perf_counter()
-        self.stats.on_step(out, len(updated), finished - started, self.scheduler, self.block_manager,
+        self.stats.on_step(out, num_tokens, finished - started, self.scheduler, self.block_manager,
                            phases=(scheduled - started, executed - scheduled, finished - executed,
                                    self.runner.gpu_span_seconds - gpu_before))
+        if self.spec is not None:
+            self.spec.on_step(out, finished - started)
         return outputs
 
-    def process_outputs(self, result: StepResult, updated: list[Request], now: float) -> list[RequestOutput]:
-        """Prompt logprobs, detokenisation and stop strings for a step whose tokens the scheduler has
-        taken (`updated`: `update_from_output`'s requests); a stop string finishes its request (and frees
-        its blocks) here. Returns the step's `RequestOutput`s."""
+    def propose_drafts(self) -> None:
+        """Speculative decoding: drafts for the running requests, for the next `schedule` to take."""
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)
+
+    def process_outputs(self, out, result: StepResult, updated: list[Request],
+                        now: float) -> tuple[list[RequestOutput], int]:
+        """Prompt logprobs, detokenisation and stop strings for a step (`out`) whose tokens the scheduler
+        has taken (`updated`: `update_from_output`'s requests); a stop string finishes its request (and
+        frees its blocks) here. Returns the step's `RequestOutput`s and the tokens it added to outputs."""
         for request_id, (begin, values) in result.prompt_logprobs.items():
             self.outputs.add_prompt_logprobs(request_id, begin, values)
+        if self.stats.spec is not None:
+            self.stats.spec.on_step(out, result.sampled)
+        num_tokens = 0
         for request in updated:
-            stop = self.outputs.on_token(request, result.sampled[request.request_id])
+            stop, kept = self.outputs.on_tokens(request, result.sampled[request.request_id])
+            num_tokens += kept
             if stop is not None and not request.is_finished:
                 request.stop_reason = stop
                 self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, now)
             if request.is_finished:
                 self.runner.release(request.request_id)
-        return self.outputs.collect(updated)
+                if self.spec is not None:
+                    self.spec.on_finished(request)
+                    self.spec.release(request.request_id)
+        return self.outputs.collect(updated), num_tokens

@@ -19,7 +19,9 @@ class _Group:
     detokenizers: dict[str, IncrementalDetokenizer | None]
     logprobs: dict[str, list[dict[int, Logprob]]] = field(default_factory=dict)
     cumulative: dict[str, float] = field(default_factory=dict)
-    prompt_logprobs: dict[int, float | None] = field(default_factory=dict)  # prompt position → logprob
+    # prompt position → {token id: Logprob} (the prompt token's and the top k), None at position 0
+    prompt_logprobs: dict[int, dict[int, Logprob] | None] = field(default_factory=dict)
+    num_seen: dict[str, int] = field(default_factory=dict)  # child id → output tokens already recorded
     final_only: bool = False  # build an output only when the whole group has finished
 
 
@@ -39,6 +41,10 @@ class OutputBuilder:
             self._parent[child.request_id] = request_id
         self.groups[request_id] = _Group(request_id, prompt, children, detoks, final_only=final_only)
 
+    def in_use(self, request_id: str) -> bool:
+        """Whether `request_id` names a live request or one of a live request's sequences."""
+        return request_id in self.groups or request_id in self._parent
+
     def children(self, request_id: str) -> list[Request]:
         group = self.groups.get(request_id)
         return group.children if group else []
@@ -48,7 +54,7 @@ class OutputBuilder:
         for child in group.children if group else []:
             self._parent.pop(child.request_id, None)
 
-    def add_prompt_logprobs(self, child_id: str, begin: int, values: list[float | None]) -> None:
+    def add_prompt_logprobs(self, child_id: str, begin: int, values: list[dict[int, Logprob] | None]) -> None:
         """Record prompt logprobs for positions begin, begin+1, ... (a recomputed chunk overwrites)."""
         parent = self._parent.get(child_id)
         if parent is None:
@@ -59,23 +65,32 @@ class OutputBuilder:
         for offset, value in enumerate(values):
             group.prompt_logprobs[begin + offset] = value
 
-    def on_token(self, request: Request, sample: SampleResult) -> str | None:
-        """Record a new token; returns the stop string it completed, if any."""
+    def on_tokens(self, request: Request, samples: list[SampleResult]) -> tuple[str | None, int]:
+        """Record a step's new tokens for the request (those the scheduler kept of `samples`: a speculative
+        run is cut at EOS, a stop id or a length limit), one at a time. Returns the stop string one of them
+        completed, if any (the request's later tokens are then dropped, so its text, token ids and logprobs
+        all end at the stop), and how many tokens were recorded."""
         group = self.groups[self._parent[request.request_id]]
         rid = request.request_id
-        if sample.logprob is not None:
-            group.cumulative[rid] = group.cumulative.get(rid, 0.0) + sample.logprob
-            entry = {tid: Logprob(lp, rank=i + 1) for i, (tid, lp) in enumerate(sample.top_logprobs or [])}
-            entry.setdefault(sample.token_id, Logprob(sample.logprob, rank=sample.rank))
-            group.logprobs.setdefault(rid, []).append(entry)
+        seen = group.num_seen.get(rid, 0)
         detok = group.detokenizers[rid]
-        if detok is None:
-            return None
-        check = request.num_output_tokens >= request.sampling_params.min_tokens
-        stop = detok.update([sample.token_id], check_stop=check)
-        if request.is_finished:
+        min_tokens = request.sampling_params.min_tokens
+        stop = None
+        for i, sample in enumerate(samples[: request.num_output_tokens - seen]):
+            if sample.logprob is not None:
+                group.cumulative[rid] = group.cumulative.get(rid, 0.0) + sample.logprob
+                entry = {tid: Logprob(lp, rank=r + 1) for r, (tid, lp) in enumerate(sample.top_logprobs or [])}
+                entry.setdefault(sample.token_id, Logprob(sample.logprob, rank=sample.rank))
+                group.logprobs.setdefault(rid, []).append(entry)
+            if detok is not None:
+                stop = detok.update([sample.token_id], check_stop=seen + i + 1 >= min_tokens)
+                if stop is not None:
+                    del request.output_token_ids[seen + i + 1:]
+                    break
+        group.num_seen[rid] = request.num_output_tokens
+        if detok is not None and request.is_finished:
             detok.flush()
-        return stop
+        return stop, request.num_output_tokens - seen
 
     def collect(self, updated: list[Request]) -> list[RequestOutput]:
         """One `RequestOutput` per group touched in this step; finished groups are then forgotten."""
@@ -136,5 +151,4 @@ class OutputBuilder:
     def _prompt_logprobs(group: _Group, prompt_ids: list[int]) -> list[dict[int, Logprob] | None] | None:
         if not group.prompt_logprobs:
             return None
-        values = [group.prompt_logprobs.get(i) for i in range(len(prompt_ids))]
-        return [None if v is None else {prompt_ids[i]: Logprob(v)} for i, v in enumerate(values)]
+        return [group.prompt_logprobs.get(i) for i in range(len(prompt_ids))]

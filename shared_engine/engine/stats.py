@@ -6,6 +6,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from shared_engine.engine.spec_stats import SpecDecodeStats
+
 logger = logging.getLogger("shared_engine")
 
 LOG_INTERVAL_S = 10.0
@@ -21,6 +23,7 @@ class EngineStats:
     phase_seconds_total: list[float] = field(default_factory=lambda: [0.0] * 4)
     prefix_cache_queries_total: int = 0
     prefix_cache_hits_total: int = 0
+    spec: SpecDecodeStats | None = None  # speculative decoding's counters, when it is on
     _window_prompt: int = 0
     _window_generation: int = 0
     _window_queries: int = 0
@@ -32,8 +35,9 @@ class EngineStats:
 
     def on_step(self, out, num_sampled: int, seconds: float, scheduler, block_manager,
                 phases: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)) -> None:
-        """`phases`: seconds of this step spent scheduling, in the model runner, processing outputs, and
-        the runner's GPU span (first kernel to sampled ids; 0 on CPU)."""
+        """`num_sampled`: tokens the step added to outputs (a speculative decode adds up to k + 1; tokens
+        past a stop are not counted). `phases`: seconds of this step spent scheduling, in the model runner,
+        processing outputs, and the runner's GPU span (first kernel to sampled ids; 0 on CPU)."""
         self._on_prefix_counters(scheduler.prefix_cache_queries, scheduler.prefix_cache_hits)
         prompt = out.num_batched_tokens - out.num_decode_tokens
         self.num_prompt_tokens_total += prompt
@@ -65,6 +69,10 @@ class EngineStats:
             self._window_prompt / elapsed, self._window_generation / elapsed, scheduler.num_running,
             scheduler.num_waiting, 100.0 * block_manager.usage, hit_rate,
         )
+        spec = self.spec.log_fields() if self.spec is not None else None
+        if spec is not None:
+            logger.info("SpecDecoding metrics: Draft acceptance rate: %.1f%%, Mean acceptance length: %.2f, "
+                        "Speculative steps: %.1f%%", 100.0 * spec[0], spec[1], 100.0 * spec[2])
         if self._window_steps:
             ms = [1e3 * v / self._window_steps for v in self._window_phases]
             gaps = 1e3 * max(0.0, elapsed - self._window_phases[0]) / self._window_steps

@@ -20,7 +20,8 @@ class LLM:
 
     `LLM(model=None, **engine_args)`: `model` None is the embedded default (SmolLM2-135M-Instruct); every
     other keyword is an engine setting by its flat name (`max_num_seqs`, `block_size`, `kv_cache_memory`,
-    `num_gpu_blocks_override`, `max_model_len`, `dtype`, `device`, `load_format`, ...).
+    `num_gpu_blocks_override`, `max_model_len`, `dtype`, `device`, `load_format`,
+    `tensor_parallel_size`, ...).
 
     Raises:
         ValueError: an unknown setting or a value out of range (the message names it).
@@ -37,6 +38,10 @@ class LLM:
         llm.engine = LLMEngine(config)
         llm._ids = itertools.count()
         return llm
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (`tensor_parallel_size` > 1); a no-op otherwise."""
+        self.engine.shutdown()
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -127,7 +132,7 @@ def engine_check(engine: LLMEngine, ids: list[int], params: SamplingParams) -> N
 
 def engine_check_lora(engine: LLMEngine, lora: LoRARequest) -> None:
     """Raise `ValueError` (`LoRAValidationError`) for an adapter the engine could not load."""
-    if engine.runner.lora is None:
+    if getattr(engine.runner, "lora", None) is None:
         raise ValueError(f"adapter {lora.lora_name!r} requested but LoRA is not enabled (enable_lora)")
     from shared_engine.lora.lora_manager import load_checked
 

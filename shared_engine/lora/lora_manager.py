@@ -56,6 +56,7 @@ class LoRAManager:
         self._users: dict[str, str] = {}  # request id → cache_key
         self._refs: Counter[str] = Counter()
         self._slots: list[str | None] = [None] * config.max_loras  # slot → cache_key
+        self._slot_names: list[str | None] = [None] * config.max_loras  # slot → adapter name
         self._slot_lru: OrderedDict[str, int] = OrderedDict()  # cache_key → slot, LRU first
         self.num_slot_loads = 0
         self.slot_load_seconds = 0.0  # host time spent writing slots (includes the copies on the CPU)
@@ -100,6 +101,11 @@ class LoRAManager:
         """Each GPU slot's adapter (cache_key), None for an empty slot."""
         return list(self._slots)
 
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        """Names of the adapters in GPU slots (a name twice: two versions resident), sorted."""
+        return tuple(sorted(n for n in self._slot_names if n is not None))
+
     # ---- GPU slots -----------------------------------------------------------------------------------
     def prepare(self, out: SchedulerOutput) -> None:
         """Load the step's adapters into slots and set the token → slot map (decodes first, the order of
@@ -129,8 +135,9 @@ class LoRAManager:
             if victim is None:
                 raise RuntimeError(f"all {len(self._slots)} LoRA slots are held by running requests")
             slot = self._slot_lru.pop(victim)
-        self._write_slot(slot, self._cpu[key])
-        self._slots[slot] = key
+        adapter = self._cpu[key]
+        self._write_slot(slot, adapter)
+        self._slots[slot], self._slot_names[slot] = key, adapter.name
         self._slot_lru[key] = slot
         return slot
 
@@ -145,5 +152,6 @@ class LoRAManager:
                 else:
                     a, b = (t.to(self.device, self.dtype, non_blocking=True) for t in pair)
                     projection.write_slot(slot, index, a, b)
+        self.ctx.slot_ranks[slot] = adapter.rank
         self.num_slot_loads += 1
         self.slot_load_seconds += time.perf_counter() - started

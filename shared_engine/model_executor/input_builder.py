@@ -17,8 +17,11 @@ class StepInputs:
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
-    sample_indices: torch.Tensor  # [num_sampled] int64: last token of each sequence that samples
+    # [num_logits] int64: the tokens whose logits the step needs: the last of each sequence that samples,
+    # and for a speculative decode its last k + 1 (the verified token's and each draft's), in row order
+    sample_indices: torch.Tensor
     sampled_rows: list[int]  # scheduler-output index of each sampled sequence
+    num_logits: list[int]  # per sampled sequence: its rows in `sample_indices` (1, or k + 1 with k drafts)
     # async scheduling: token indices whose id is the previous step's sampled id (a placeholder, -(i + 1) for
     # its i-th sampled row; 0 in `input_ids` until `patch_placeholders`), and those rows i; None when none
     placeholders: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -35,7 +38,8 @@ class StepInputs:
 
 
 def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, cascade: bool = False) -> StepInputs:
-    """Scheduled sequences must come decodes first (the scheduler's order). Host work is O(tokens) in
+    """Scheduled sequences must come decodes first (the scheduler's order); a speculative decode (query length
+    k + 1) runs through the prefill path's causal attention over its cached context. Host work is O(tokens) in
     numpy; each tensor crosses to the device once. With `cascade` (the Triton backend, cascade attention
     allowed), a step whose decodes share a long enough block-table prefix carries it in the metadata
     (`cascade_prefix_blocks`)."""
@@ -66,7 +70,14 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, ca
     input_ids[placeholders] = 0
     slots = tables[rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
     sampled_rows = [row for row, s in enumerate(scheduled) if s.needs_sample]
-    sample_indices = cu[1:][sampled_rows] - 1
+    num_logits = [scheduled[row].num_logits for row in sampled_rows]
+    ends = cu[1:][sampled_rows]
+    if out.num_draft_tokens:  # each sampled row's last num_logits tokens
+        counts = np.asarray(num_logits, dtype=np.int64)
+        firsts = np.cumsum(counts) - counts
+        sample_indices = np.repeat(ends - counts, counts) + np.arange(int(counts.sum())) - np.repeat(firsts, counts)
+    else:
+        sample_indices = ends - 1
 
     def dev(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(device, non_blocking=True)
@@ -88,4 +99,5 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, ca
         meta.prefix_blocks = dev(tables[0, :num_prefix_blocks].copy())
         meta.max_prefix_len = num_prefix_blocks * block_size
     return StepInputs(dev(input_ids), dev(positions), meta, dev(np.asarray(sample_indices, dtype=np.int64)),
-                      sampled_rows, (dev(placeholders), dev(previous_rows)) if placeholders.size else None)
+                      sampled_rows, num_logits,
+                      (dev(placeholders), dev(previous_rows)) if placeholders.size else None)

@@ -10,6 +10,8 @@ import torch
 
 from shared_engine.config import EngineConfig
 from shared_engine.core.scheduler_output import SchedulerOutput
+from shared_engine.distributed.parallel_state import get_tp_rank, get_tp_world_size, tp_broadcast
+from shared_engine.distributed.partition import max_local_kv_heads
 from shared_engine.model_executor.attention.registry import get_backend
 from shared_engine.model_executor.cuda_graph_runner import (
     MAX_PREFILL_SEQS,
@@ -20,11 +22,13 @@ from shared_engine.model_executor.cuda_graph_runner import (
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
-from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_logprobs
+from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_entries
 from shared_engine.model_loader.model_source import ModelSource
 from shared_engine.model_loader.weight_loader import init_dummy, load_safetensors
+from shared_engine.outputs import Logprob
 from shared_engine.sampling.grammar import GrammarBackend
 from shared_engine.sampling.logits_processors import LogitsProcessors
+from shared_engine.sampling.rejection_sampler import RejectionSampler
 from shared_engine.sampling.sampler import Sampler, SampleResult
 
 logger = logging.getLogger(__name__)
@@ -34,9 +38,15 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 
 @dataclass
 class StepResult:
-    sampled: dict[str, SampleResult]  # request id → its new token
-    # request id → (first prompt position, logprob of each prompt token from there; None for position 0)
-    prompt_logprobs: dict[str, tuple[int, list[float | None]]]
+    # request id → its new tokens: one, or a speculative decode's accepted drafts and its bonus token
+    sampled: dict[str, list[SampleResult]]
+    # request id → (first prompt position, from there per position the prompt token's and the top
+    # `prompt_logprobs` tokens' logprobs with ranks; None for position 0)
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob] | None]]]
+
+    def token_ids(self) -> dict[str, list[int]]:
+        """request id → its new token ids (what `Scheduler.resolve` takes)."""
+        return {rid: [r.token_id for r in results] for rid, results in self.sampled.items()}
 
 
 @dataclass
@@ -44,11 +54,16 @@ class LaunchedStep:
     """A step enqueued on the device by `ModelRunner.launch`; `ModelRunner.collect` waits for it."""
 
     requests: list  # the sampled rows' requests, in row order
-    tokens: torch.Tensor | None  # [num_sampled] int64 on the device: the next step's placeholder inputs read it
-    token_ids: torch.Tensor | None  # [num_sampled] int64 on the host (pinned on CUDA), filled asynchronously
+    # [num_sampled] int64 on the device: the next step's placeholder inputs read it (None for a step with
+    # drafts, whose rows yield a variable number of tokens: it is resolved before the next is scheduled)
+    tokens: torch.Tensor | None
+    # [num_sampled, 1 + k] int64 on the host (pinned on CUDA), filled asynchronously: each row's new tokens,
+    # then -1 (k = 0 without drafts)
+    token_ids: torch.Tensor | None
+    num_logits: list[int]  # per sampled row: its logits rows (1 + its draft tokens)
     copied: torch.cuda.Event | None  # recorded after the device-to-host copy of the token ids (CUDA)
     raw_logprobs: torch.Tensor | None  # [num_sampled, vocab] fp32 on the device, when logprobs were asked
-    prompt_logprobs: dict[str, tuple[int, list[float | None]]]
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob] | None]]]
     # (start, end) timing events of the step's device work (CUDA). Events mark the stream, not the host: a
     # step launched while the previous one runs starts timing when the device reaches it.
     span: tuple | None
@@ -58,7 +73,24 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, source: ModelSource, grammar: GrammarBackend | None = None) -> None:
         """`grammar` compiles structured-output constraints (None: the model has no tokenizer)."""
         self.config = config
+        tp = config.parallel.tensor_parallel_size
+        if get_tp_world_size() != tp:
+            raise RuntimeError(f"tensor_parallel_size {tp} but this process is in a group of {get_tp_world_size()} "
+                               "ranks (one tensor-parallel engine per process: shut the other one down first)")
         self.device = torch.device(config.device.resolve())
+        if self.device.type == "cuda" and tp > 1:
+            self.device = torch.device("cuda", get_tp_rank())
+        if self.device.type == "cpu" or config.device.num_threads is not None:
+            # process-wide: every CPU kernel's OpenMP threads (benchmarks/cpu_contention.py measures why);
+            # tensor-parallel ranks on one CPU share its cores unless num_threads is set explicitly
+            threads = config.device.resolve_num_threads()
+            if self.device.type == "cpu" and tp > 1 and config.device.num_threads is None:
+                threads = max(1, threads // tp)
+            torch.set_num_threads(threads)
+        # Rank 0 samples; with async scheduling the other ranks receive its ids (their next step's
+        # placeholder inputs read them), see `_sample`.
+        self.is_driver = get_tp_rank() == 0
+        self.broadcast_sampled = tp > 1 and bool(config.scheduler.async_scheduling)
         self.dtype_name = resolve_dtype(config.model.dtype, self.device.type)
         self.dtype = _TORCH_DTYPES[self.dtype_name]
         self.arch = source.arch
@@ -68,6 +100,7 @@ class ModelRunner:
         self.enable_cascade = (self.device.type == "cuda" and not config.model.disable_cascade_attn
                                and config.cache.enable_prefix_caching)
         self.sampler = Sampler(seed=config.model.seed, processors=LogitsProcessors(grammar))
+        self.rejection_sampler = RejectionSampler(self.sampler, use_kernel=self.device.type == "cuda")
         started = time.perf_counter()
         self.model = self._load(source)
         self.load_seconds = time.perf_counter() - started
@@ -90,10 +123,18 @@ class ModelRunner:
     def _load(self, source: ModelSource) -> torch.nn.Module:
         torch.manual_seed(self.config.model.seed)
         model_cls = get_model_class(self.arch.architecture)
-        with torch.device(self.device):
-            max_position = self.config.model.max_model_len or self.arch.max_position_embeddings
-            model = model_cls(self.arch, max_position=max_position)
-        model.to(self.dtype)
+        # parameters are created in the model's dtype: an fp32 copy first would need twice the memory (the
+        # rank's 35B parameters of llama-3.1-70b at TP=2 take 141 GB in fp32, more than an H200 holds)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                max_position = self.config.model.max_model_len or self.arch.max_position_embeddings
+                model = model_cls(self.arch, max_position=max_position)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        model.to(self.dtype)  # buffers built in fp32 (the RoPE table, made fp32 again below)
+        self.num_kv_heads = model.model.layers[0].self_attn.num_kv_heads  # this rank's share (distributed/partition.py)
         for module in model.modules():  # the RoPE table stays fp32 (the rotary kernel reads fp32 cos/sin)
             if isinstance(module, RotaryEmbedding):
                 module.cos_sin_cache = module.cos_sin_cache.float()
@@ -135,18 +176,21 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         self.model.compute_logits(hidden[inputs.sample_indices])
         rows = min(PROMPT_LOGPROBS_CHUNK, num_tokens)  # one prompt-logprobs chunk counts in the peak
-        prompt_token_logprobs(self.model.compute_logits, hidden[:rows], [0] * rows)
+        prompt_token_entries(self.model.compute_logits, hidden[:rows], [0] * rows, self.config.model.max_logprobs)
         torch.cuda.synchronize(self.device)
         self.kv_caches = []
         del hidden
 
     @property
     def kv_bytes_per_block(self) -> int:
-        return self.arch.kv_bytes_per_token(self.dtype_name) * self.block_size
+        """Bytes of one KV block on the rank that holds the most KV heads (all ranks share one block table)."""
+        a = self.arch
+        most = max_local_kv_heads(a.num_heads, a.num_kv_heads, self.config.parallel.tensor_parallel_size)
+        return a.kv_bytes_per_token(self.dtype_name) * self.block_size * most // a.num_kv_heads
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """One tensor per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K then V)."""
-        shape = (2, num_blocks, self.block_size, self.arch.num_kv_heads, self.arch.head_dim)
+        shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_layers)]
 
     def capture_cuda_graphs(self) -> None:
@@ -212,33 +256,65 @@ class ModelRunner:
         requests = [out.scheduled[row].request for row in inputs.sampled_rows]
         tokens = token_ids = raw_logprobs = copied = None
         if requests:
-            logits = self.model.compute_logits(hidden[inputs.sample_indices])  # [num_sampled, vocab]
-            tokens, raw_logprobs = self.sampler.sample(logits, requests)
+            logits = self.model.compute_logits(hidden[inputs.sample_indices])  # [num_logits, vocab]
+            if out.num_draft_tokens:
+                drafts = [out.scheduled[row].draft_token_ids for row in inputs.sampled_rows]
+                emitted, raw_logprobs = self._verify(logits, requests, drafts)
+            else:
+                tokens, raw_logprobs = self._sample(logits, requests)
+                emitted = tokens[:, None]
             if cuda:
-                token_ids = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-                token_ids.copy_(tokens, non_blocking=True)
+                token_ids = torch.empty(emitted.shape, dtype=emitted.dtype, pin_memory=True)
+                token_ids.copy_(emitted, non_blocking=True)
                 copied = torch.cuda.Event()
                 copied.record()
             else:
-                token_ids = tokens
+                token_ids = emitted
         if cuda:
             span[1].record()
-        return LaunchedStep(requests, tokens, token_ids, copied, raw_logprobs, prompt_logprobs, span)
+        return LaunchedStep(requests, tokens, token_ids, inputs.num_logits, copied, raw_logprobs, prompt_logprobs,
+                            span)
 
     @torch.inference_mode()
     def collect(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step's sampled ids and return its `StepResult`."""
-        sampled: dict[str, SampleResult] = {}
+        sampled: dict[str, list[SampleResult]] = {}
         if step.requests:
             if step.copied is not None:
                 step.copied.synchronize()
-            results = self.sampler.results(step.token_ids.tolist(), step.raw_logprobs, step.requests)
+            rows = step.token_ids.tolist()
+            if step.token_ids.shape[1] > 1:
+                rows = [[t for t in row if t >= 0] for row in rows]
+            results = self.sampler.results(rows, step.raw_logprobs, step.requests, step.num_logits)
             sampled = {request.request_id: result for request, result in zip(step.requests, results)}
         if step.span is not None:
             start, end = step.span
             end.synchronize()
             self.gpu_span_seconds += start.elapsed_time(end) / 1e3
         return StepResult(sampled, step.prompt_logprobs)
+
+    def _sample(self, logits: torch.Tensor, requests: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rank 0's sampler (`Sampler.sample`); the other ranks of a tensor-parallel group sample nothing
+        and, with async scheduling, receive rank 0's ids `[num_sampled]` int64 by broadcast."""
+        if self.is_driver:
+            tokens, raw_logprobs = self.sampler.sample(logits, requests)
+        else:
+            tokens, raw_logprobs = torch.empty(len(requests), dtype=torch.long, device=self.device), None
+        if self.broadcast_sampled:
+            tp_broadcast(tokens)
+        return tokens, raw_logprobs
+
+    def _verify(self, logits: torch.Tensor, requests: list, drafts: list[list[int]]):
+        """Rank 0's rejection sampler; the other ranks receive its emitted tokens `[num_sampled, k + 1]` by
+        broadcast (as `_sample`)."""
+        if self.is_driver:
+            emitted, raw_logprobs = self.rejection_sampler.sample(logits, requests, drafts)
+        else:
+            k = max(len(d) for d in drafts)
+            emitted, raw_logprobs = torch.empty((len(requests), k + 1), dtype=torch.long, device=self.device), None
+        if self.broadcast_sampled:
+            tp_broadcast(emitted)
+        return emitted, raw_logprobs
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, inputs) -> dict[str, list]:
         """Log-probability of each prompt token given the ones before it (for `prompt_logprobs`/echo), in
@@ -251,12 +327,12 @@ class ModelRunner:
             if request.sampling_params.prompt_logprobs is not None and item.start_position < request.num_prompt_tokens:
                 end = min(item.context_len, request.num_prompt_tokens)
                 targets = request.prompt_token_ids[item.start_position + 1 : end + 1]
-                values = prompt_token_logprobs(self.model.compute_logits, hidden[offset : offset + len(targets)],
-                                               targets)
+                entries = prompt_token_entries(self.model.compute_logits, hidden[offset : offset + len(targets)],
+                                               targets, request.sampling_params.prompt_logprobs)
                 if item.start_position == 0:
-                    result[request.request_id] = (0, [None, *values])
+                    result[request.request_id] = (0, [None, *entries])
                 else:
-                    result[request.request_id] = (item.start_position + 1, values)
+                    result[request.request_id] = (item.start_position + 1, entries)
             offset += n
         return result
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from shared_engine.outputs import Logprob
+
 PROMPT_LOGPROBS_CHUNK = 128  # rows per LM head + log-softmax pass
 
 
@@ -30,10 +32,25 @@ def prompt_token_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tensor]
     Returns:
         `len(targets)` floats (natural log).
     """
-    values: list[float] = []
+    return [entry[t].logprob for entry, t in zip(prompt_token_entries(compute_logits, hidden, targets, 0, chunk),
+                                                  targets)]
+
+
+def prompt_token_entries(compute_logits: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
+                         targets: list[int], k: int, chunk: int = PROMPT_LOGPROBS_CHUNK) -> list[dict[int, Logprob]]:
+    """Per row, `targets[i]`'s logprob and rank and the top `k` tokens' (ranks 1..k), as generated tokens'
+    entries are (`prompt_logprobs=k`, echo with `logprobs=k`). Arguments as `prompt_token_logprobs`."""
+    entries: list[dict[int, Logprob]] = []
     for start in range(0, len(targets), chunk):
         rows = targets[start : start + chunk]
         logprobs = torch.log_softmax(compute_logits(hidden[start : start + len(rows)]), dim=-1)  # [rows, vocab]
         index = torch.tensor(rows, dtype=torch.long, device=logprobs.device)
-        values += logprobs[torch.arange(len(rows), device=logprobs.device), index].tolist()
-    return values
+        chosen = logprobs.gather(1, index[:, None])  # [rows, 1]
+        ranks = ((logprobs > chosen).sum(dim=1) + 1).tolist()
+        top = logprobs.topk(k, dim=1) if k > 0 else None
+        top_ids, top_values = (top.indices.tolist(), top.values.tolist()) if top is not None else ([], [])
+        for i, (token, value) in enumerate(zip(rows, chosen[:, 0].tolist())):
+            entry = {t: Logprob(v, rank=r + 1) for r, (t, v) in enumerate(zip(top_ids[i], top_values[i]))} if k else {}
+            entry[token] = Logprob(value, rank=ranks[i])
+            entries.append(entry)
+    return entries

@@ -59,17 +59,26 @@ class GrammarBackend:
 
         try:
             text = grammar_text(params)
-        except (ValueError, TypeError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever the compiler rejects is the client's schema
             raise ValueError(f"invalid JSON schema: {e}") from e
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.ll_tokenizer)
+        try:
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.ll_tokenizer)
+        except Exception as e:  # noqa: BLE001 - likewise
+            raise ValueError(f"invalid grammar: {e}") from e
         if is_error:
             raise ValueError(f"invalid grammar: {messages[0] if messages else 'rejected by llguidance'}")
 
     def matcher(self, params: StructuredOutputsParams) -> GrammarMatcher:
+        """A matcher for `params` (validated at add_request). Should compiling still fail, the matcher
+        refuses everything but EOS: the request ends, the engine's step does not fail."""
         import llguidance
 
-        return GrammarMatcher(llguidance.LLMatcher(self.ll_tokenizer, grammar_text(params), log_level=0),
-                              self.vocab_size, self.eos_token_ids)
+        try:
+            text = grammar_text(params)
+        except Exception:  # noqa: BLE001 - see the docstring
+            text = llguidance.LLMatcher.grammar_from_regex("[")  # invalid: the matcher starts in its error state
+        return GrammarMatcher(llguidance.LLMatcher(self.ll_tokenizer, text, log_level=0), self.vocab_size,
+                              self.eos_token_ids)
 
 
 class GrammarMatcher:

@@ -7,7 +7,8 @@ are positions of requests (speculative decoding verifies several positions of on
 1. the grammar's bitmask (`structured_outputs`, sampling/grammar.py): disallowed tokens get -inf;
 2. `logit_bias`: added to the listed tokens' logits (OpenAI's semantics);
 3. `min_tokens`: EOS and `stop_token_ids` get -inf while fewer than `min_tokens` tokens were generated
-   before the row's position (vLLM's `MinTokensLogitsProcessor`, transformers' `min_new_tokens`);
+   before the row's position (vLLM's `MinTokensLogitsProcessor`, transformers' `min_new_tokens`); never
+   together with a grammar (`SamplingParams` refuses the pair: a complete grammar allows only EOS);
 4. penalties (sampling/penalties.py), counting the output tokens before the row's position.
 
 The raw logprobs the API reports are taken before all of this (vLLM's default). Rows of requests that
@@ -53,8 +54,9 @@ class LogitsProcessors:
         for row, (request, p) in enumerate(zip(requests, params)):
             if p.structured_outputs is not None:
                 self._apply_grammar(logits, row, request, drafts[row])
-            if p.logit_bias:
-                ids, values = zip(*((t, b) for t, b in p.logit_bias.items() if t < vocab))
+            bias = [(t, b) for t, b in (p.logit_bias or {}).items() if t < vocab]
+            if bias:
+                ids, values = zip(*bias)
                 logits[row, list(ids)] += torch.tensor(values, dtype=logits.dtype, device=logits.device)
             if p.min_tokens and len(request.output_token_ids) + len(drafts[row]) < p.min_tokens:
                 stop_ids = [t for t in request.eos_token_ids | set(p.stop_token_ids) if t < vocab]

@@ -1,4 +1,5 @@
-"""`Sampler`: turns one step's logits into one token per sequence.
+"""`Sampler`: turns one step's logits into one token per sequence (speculative decodes: `rejection_sampler.py`,
+which runs the same processing at every verified position).
 
 Order (as vLLM): raw log-probabilities for the `logprobs` output are taken first (before any
 processing); then `LogitsProcessors` (grammar masks, logit_bias, min_tokens, penalties), then greedy rows
@@ -42,39 +43,36 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampleResult]:
         """`logits` `[num_seqs, vocab]` fp32, one row per request (which must need a sample)."""
         tokens, raw_logprobs = self.sample(logits, requests)
-        return self.results(tokens.tolist(), raw_logprobs, requests)
+        return [r[0] for r in self.results([[t] for t in tokens.tolist()], raw_logprobs, requests)]
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Enqueue the sampling of one token per row without waiting for the device. Returns the token ids
         `[num_seqs]` int64 (on logits' device) and, when a request asked for `logprobs`, the raw
         log-probabilities `[num_seqs, vocab]` fp32 (else None); `results` turns them into `SampleResult`s."""
-        raw_logprobs = None
-        if any(r.sampling_params.logprobs is not None for r in requests):
-            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        raw_logprobs = raw_logprobs_if_asked(logits, requests)
         logits = self.processors.apply(logits, requests)
-        params = [r.sampling_params for r in requests]
         tokens = logits.argmax(dim=-1)
-        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        random_rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if random_rows:
             rows = to_device(random_rows, torch.long, logits.device)
             sampled = self._sample(logits.index_select(0, rows), [requests[i] for i in random_rows])
             tokens.index_copy_(0, rows, sampled)
         return tokens, raw_logprobs
 
-    def results(self, token_ids: list[int], raw_logprobs: torch.Tensor | None,
-                requests: list[Request]) -> list[SampleResult]:
-        """`SampleResult`s from `sample`'s outputs, the token ids already on the host."""
-        return [self._result(i, token_ids[i], raw_logprobs, r) for i, r in enumerate(requests)]
+    def results(self, token_ids: list[list[int]], raw_logprobs: torch.Tensor | None, requests: list[Request],
+                num_logits: list[int] | None = None) -> list[list[SampleResult]]:
+        """`SampleResult`s from a step's outputs, the token ids already on the host: for each request its
+        new tokens (one; or a speculative decode's accepted drafts and bonus token), the j-th with the
+        target's logprobs at `raw_logprobs` row `first + j`, where `first` is the sum of the earlier
+        requests' `num_logits` (each 1 when None)."""
+        results, first = [], 0
+        for i, (request, tokens) in enumerate(zip(requests, token_ids)):
+            results.append([self._result(first + j, t, raw_logprobs, request) for j, t in enumerate(tokens)])
+            first += 1 if num_logits is None else num_logits[i]
+        return results
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        vocab = logits.shape[1]
-        params = [r.sampling_params for r in requests]
-        temps = to_device([p.temperature for p in params], logits.dtype, logits.device)
-        logits = logits / temps[:, None]
-        logits = _top_k(logits, [p.top_k if 0 < p.top_k < vocab else vocab for p in params])
-        logits = _top_p(logits, [p.top_p for p in params])
-        probs = torch.softmax(logits, dim=-1)
-        probs = _min_p(probs, [p.min_p for p in params])
+        probs = filtered_probs(logits, [r.sampling_params for r in requests])
         noise = torch.empty_like(probs)
         unseeded = [row for row, r in enumerate(requests) if r.sampling_params.seed is None]
         if unseeded:  # one draw for all rows on the shared stream
@@ -113,6 +111,25 @@ class Sampler:
             values, ids = lp.topk(k)
             top = list(zip(ids.tolist(), values.tolist()))
         return SampleResult(token, float(chosen), top, rank)
+
+
+def raw_logprobs_if_asked(logits: torch.Tensor, requests) -> torch.Tensor | None:
+    """Log-softmax of the unprocessed logits `[rows, vocab]` (vLLM's `logprobs` output), when any row asks."""
+    if any(r.sampling_params.logprobs is not None for r in requests):
+        return torch.log_softmax(logits, dim=-1)
+    return None
+
+
+def filtered_probs(logits: torch.Tensor, params: list) -> torch.Tensor:
+    """Temperature, top-k, top-p, softmax, min-p: the distribution a random row draws from, `[rows, vocab]`
+    fp32, unnormalised after min-p (rows sum to <= 1)."""
+    vocab = logits.shape[1]
+    temps = to_device([p.temperature for p in params], logits.dtype, logits.device)
+    logits = logits / temps[:, None]
+    logits = _top_k(logits, [p.top_k if 0 < p.top_k < vocab else vocab for p in params])
+    logits = _top_p(logits, [p.top_p for p in params])
+    probs = torch.softmax(logits, dim=-1)
+    return _min_p(probs, [p.min_p for p in params])
 
 
 def _top_k(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:

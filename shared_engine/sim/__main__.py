@@ -59,7 +59,7 @@ def run_scenario(sim: Simulator, workload: WorkloadSpec, replicas: int, price, a
     `map_fn` runs each run's replicas (`Simulator.run_replicas`)."""
     summary = sim.run_replicas(workload, replicas, map_fn).summary()
     section = {"workload": workload.name, "summary": summary,
-               "cost": cost_summary(summary, price, replicas, workload.prices)}
+               "cost": cost_summary(summary, price, replicas * sim.tensor_parallel_size, workload.prices)}
     if workload.slo:
         probe = workload
         if args.search_requests and workload.num_requests and workload.num_requests > args.search_requests:
@@ -72,7 +72,7 @@ def run_scenario(sim: Simulator, workload: WorkloadSpec, replicas: int, price, a
         section["fewest_replicas_for_slo"] = {
             "slo": workload.slo, "replicas": found and found[0], "probe_requests": probe.num_requests,
             "summary": found and found[1],
-            "cost": found and cost_summary(found[1], price, found[0], workload.prices),
+            "cost": found and cost_summary(found[1], price, found[0] * sim.tensor_parallel_size, workload.prices),
         }
     return section
 

@@ -60,6 +60,10 @@ class HardwareProfile:
     overhead_source: str = ""
     calibration: str | None = None  # step profile file (relative to the sim package) the fit came from
     calibration_error: dict | None = None  # fit quality on that file (median / p90 relative error)
+    # tensor parallelism (sim/tp_comm.py): per collective latency and NCCL bus bandwidth; None: no TP
+    allreduce_latency_s: float | None = None
+    allreduce_bandwidth: float | None = None  # bytes/s
+    allreduce_source: str = ""
 
     def __post_init__(self) -> None:
         check_choice("kind", self.kind, {"gpu", "cpu"})
@@ -76,6 +80,8 @@ class HardwareProfile:
         check_range("device_step_overhead_s", self.device_step_overhead_s, 0.0)
         check_range("device_per_seq_overhead_s", self.device_per_seq_overhead_s, 0.0)
         check_range("price_usd_per_hour", self.price_usd_per_hour, 0.0, allow_none=True)
+        check_range("allreduce_latency_s", self.allreduce_latency_s, 0.0, allow_none=True)
+        check_range("allreduce_bandwidth", self.allreduce_bandwidth, 0.0, low_open=True, allow_none=True)
 
     @property
     def achieved_bandwidth(self) -> float:

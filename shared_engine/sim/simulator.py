@@ -28,11 +28,12 @@ from shared_engine.sampling_params import SamplingParams
 from shared_engine.sim.hardware import HardwareProfile
 from shared_engine.sim.metrics import SimMetrics
 from shared_engine.sim.slo_watch import SloWatch
-from shared_engine.sim.step_time import StepTimeModel
+from shared_engine.sim.step_time import StepShape, StepTimeModel
 from shared_engine.sim.workload import RequestSpec, WorkloadGenerator
 from shared_engine.sim.workload_spec import WorkloadSpec
 
 DUMMY_TOKEN_ID = 0
+_DUMMY_TOKENS = (DUMMY_TOKEN_ID,)  # one sampled token per row (the scheduler takes a sequence)
 _PARAMS = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
 
 
@@ -62,21 +63,29 @@ class Simulator:
         self.config = config.with_model_len(self.max_model_len)
         dtype = config.model.dtype
         self.dtype = hardware.default_dtype if dtype == "auto" else dtype
-        self.step_model = step_model or StepTimeModel(arch, self.dtype, hardware, overlap_host=overlap_host)
-        bytes_per_block = arch.kv_bytes_per_token(self.dtype) * self.config.cache.block_size
+        self.tensor_parallel_size = tp = config.parallel.tensor_parallel_size  # GPUs per replica
+        self.step_model = step_model or StepTimeModel(arch, self.dtype, hardware, overlap_host=overlap_host,
+                                                      tensor_parallel_size=tp)
+        # each rank holds its KV heads' share of every block (the busiest rank's share sizes the pool)
+        rank_shape = StepShape.from_arch(arch, self.dtype, tp)
+        self._rank_weight_bytes = rank_shape.weight_bytes + (
+            0 if arch.tie_word_embeddings else rank_shape.head_flops_per_sample / 2 * DTYPE_BYTES[self.dtype])
+        bytes_per_block = rank_shape.kv_bytes_per_token * self.config.cache.block_size
         self.num_blocks = num_kv_blocks(self.config, bytes_per_block, self.free_kv_bytes())
         check_fits(self.num_blocks, self.config.cache.block_size, self.max_model_len)
 
     def free_kv_bytes(self) -> int | None:
         """GPU: device memory * gpu_memory_utilization - weights - peak activations at the token budget (as
-        the engine's profiling pass measures them; estimated here). CPU: None (the engine's byte default)."""
+        the engine's profiling pass measures them; estimated here), per GPU: under tensor parallelism the
+        busiest rank's weight shard (embedding shard included) and activations / N. CPU: None (the engine's
+        byte default)."""
         if self.hardware.kind == "cpu":
             return None
         a, size = self.arch, DTYPE_BYTES[self.dtype]
         tokens = min(self.config.scheduler.token_budget, self.max_model_len)
         width = 3 * a.hidden_size + 2 * a.intermediate_size + (a.num_heads + 2 * a.num_kv_heads) * a.head_dim
-        activations = tokens * width * size + 4 * a.vocab_size
-        weights = a.weight_bytes(self.dtype)
+        activations = tokens * width * size / self.tensor_parallel_size + 4 * a.vocab_size
+        weights = a.weight_bytes(self.dtype) if self.tensor_parallel_size == 1 else self._rank_weight_bytes
         budget = self.hardware.memory_bytes * self.config.cache.gpu_memory_utilization - weights - activations
         if budget <= 0:
             raise ValueError(f"{weights / 1e9:.1f} GB of weights ({self.dtype}) do not fit in "
@@ -136,7 +145,7 @@ class Simulator:
                 pairs += n * start + (n * (n + 1) >> 1)
                 if item.needs_sample:
                     request = item.request
-                    sampled[request.request_id] = DUMMY_TOKEN_ID
+                    sampled[request.request_id] = _DUMMY_TOKENS
                     if request.last_token_time is not None:
                         last_token_times.append(request.last_token_time)
             num_tokens = out.num_batched_tokens

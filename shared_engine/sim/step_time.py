@@ -35,6 +35,13 @@ what async scheduling gains (benchmarks/results/sim_fidelity_h200.json states bo
 The attention rate is the matmul peak times its own achieved fraction (on a GPU the same as the matmuls'
 unless a profile says otherwise; on the CPU the masked SDPA path runs far below the matmul rate).
 
+Tensor parallelism (`tensor_parallel_size` N > 1): every quantity above is the busiest rank's share (its
+query and KV heads, `ceil(intermediate / N)` MLP columns, `padded vocab / N` LM-head rows: see
+distributed/partition.py), and the device time adds the step's collectives (`tp_comm.py`: 2 all-reduces
+per layer and one for the embedding, the logits' all-gather), which run between the kernels, not beside
+them. Their latency and bandwidth come from the hardware profile (`allreduce_latency_s`,
+`allreduce_bandwidth`); for the H200 they are assumptions until a run on two GPUs calibrates them.
+
 The roofline is Williams, Waterman & Patterson, "Roofline" (CACM 2009); the per-token FLOP count is the
 2N rule of Kaplan et al. 2020 ("Scaling Laws", table 1) split into body and head; KV bytes per token come
 from `ModelArch.kv_bytes_per_token`. The achieved fractions and overheads are the hardware profile's
@@ -45,8 +52,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared_engine.distributed.partition import head_partition, max_local_kv_heads, padded_vocab_size
 from shared_engine.model_arch import DTYPE_BYTES, ModelArch
 from shared_engine.sim.hardware import HardwareProfile
+from shared_engine.sim.tp_comm import TPCommModel
 
 
 @dataclass(frozen=True)
@@ -60,18 +69,28 @@ class StepShape:
     attn_flops_per_pair: float  # 4 * layers * heads * head_dim, per (query, key) pair
 
     @classmethod
-    def from_arch(cls, arch: ModelArch, dtype: str) -> StepShape:
-        size = DTYPE_BYTES[dtype]
+    def from_arch(cls, arch: ModelArch, dtype: str, tensor_parallel_size: int = 1) -> StepShape:
+        """The whole model at TP=1; the busiest rank's share at TP=N (see the module docstring)."""
+        size, tp = DTYPE_BYTES[dtype], tensor_parallel_size
         h = arch.hidden_size
-        head = arch.vocab_size * h
-        embed = head * (1 if arch.tie_word_embeddings else 2)
-        body = arch.num_parameters - embed - h  # decoder layers only
+        if tp == 1:
+            head = arch.vocab_size * h
+            embed = head * (1 if arch.tie_word_embeddings else 2)
+            body = arch.num_parameters - embed - h  # decoder layers only
+            heads, kv_per_token = arch.num_heads, arch.kv_bytes_per_token(dtype)
+        else:
+            heads = max(head_partition(arch.num_heads, arch.num_kv_heads, tp, r).num_heads for r in range(tp))
+            kv_heads = max_local_kv_heads(arch.num_heads, arch.num_kv_heads, tp)
+            d, columns = arch.head_dim, -(-arch.intermediate_size // tp)
+            body = arch.num_layers * (h * d * (heads + 2 * kv_heads) + heads * d * h + 3 * h * columns + 2 * h)
+            head = padded_vocab_size(arch.vocab_size, tp) // tp * h
+            kv_per_token = arch.kv_bytes_per_token(dtype) * kv_heads // arch.num_kv_heads
         return cls(
             weight_bytes=(body + h + head) * size,
-            kv_bytes_per_token=arch.kv_bytes_per_token(dtype),
+            kv_bytes_per_token=kv_per_token,
             body_flops_per_token=2.0 * body,
             head_flops_per_sample=2.0 * head,
-            attn_flops_per_pair=4.0 * arch.num_layers * arch.num_heads * arch.head_dim,
+            attn_flops_per_pair=4.0 * arch.num_layers * heads * arch.head_dim,
         )
 
     def bytes_and_flops(self, num_tokens: float, num_sampled: float, ctx_tokens: float, attn_pairs: float):
@@ -95,9 +114,23 @@ def item_totals(items) -> tuple[int, int, int, int, int]:
 class StepTimeModel:
     """Step seconds for one model on one device. `seconds(scheduled)` is the simulator's hot path."""
 
-    def __init__(self, arch: ModelArch, dtype: str, hardware: HardwareProfile, overlap_host: bool = False) -> None:
-        """`overlap_host`: the engine runs with async scheduling (the host's overheads overlap the device)."""
-        self.shape = StepShape.from_arch(arch, dtype)
+    def __init__(self, arch: ModelArch, dtype: str, hardware: HardwareProfile, overlap_host: bool = False,
+                 tensor_parallel_size: int = 1) -> None:
+        """`overlap_host`: the engine runs with async scheduling (the host's overheads overlap the device).
+        `tensor_parallel_size`: GPUs per replica (the step's collectives are priced with the profile's
+        `allreduce_latency_s` and `allreduce_bandwidth`).
+
+        Raises:
+            ValueError: tensor_parallel_size > 1 on a profile without all-reduce figures.
+        """
+        self.shape = StepShape.from_arch(arch, dtype, tensor_parallel_size)
+        self.comm = None
+        if tensor_parallel_size > 1:
+            if hardware.allreduce_latency_s is None or hardware.allreduce_bandwidth is None:
+                raise ValueError(f"tensor_parallel_size {tensor_parallel_size}: the {hardware.name} profile has no "
+                                 "allreduce_latency_s / allreduce_bandwidth")
+            self.comm = TPCommModel.for_model(arch, dtype, tensor_parallel_size, hardware.allreduce_latency_s,
+                                              hardware.allreduce_bandwidth)
         self.overlap_host = overlap_host
         self.hardware = hardware
         self._inv_bw = 1.0 / hardware.achieved_bandwidth
@@ -117,6 +150,8 @@ class StepTimeModel:
         hw = self.hardware
         host = hw.step_overhead_s + hw.per_seq_overhead_s * num_seqs
         device = hw.device_step_overhead_s + hw.device_per_seq_overhead_s * num_seqs + body
+        if self.comm is not None:
+            device += self.comm.seconds(num_tokens, num_sampled)
         return max(host, device) if self.overlap_host else host + device
 
     def seconds(self, scheduled) -> float:

@@ -60,7 +60,7 @@ def test_check_exactly_once_catches_missing_and_duplicates(tmp_path):
 def test_sigkill_mid_shard_then_retry_exactly_once(tmp_path):
     """Kill the engine process of shard 0 once it is generating; no output or done record is visible; the
     retry completes; a rerun of everything skips both shards; every custom_id arrives exactly once."""
-    m = night(tmp_path, 6, 4, max_tokens=48)
+    m = night(tmp_path, 6, 4, max_tokens=160)  # 160 decode steps: the kill lands before the end
     cfg, log = tmp_path / "engine.yaml", tmp_path / "logs" / "shard-00000.log"
     errors = []
 

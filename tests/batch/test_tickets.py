@@ -18,6 +18,8 @@ def test_seeded_and_shaped():
         assert system == {"role": "system", "content": INSTRUCTION}  # one shared instruction
         assert user["role"] == "user" and any(p in user["content"] for p in PRODUCTS)
         assert r["body"]["temperature"] == 0.0
+        assert r["body"]["response_format"]["json_schema"]["schema"]["required"] == ["issue", "product", "sentiment",
+                                                                                  "next_action"]
 
 
 def test_length_distribution_in_real_tokens(default_model_dir):

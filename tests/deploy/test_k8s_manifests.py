@@ -124,6 +124,20 @@ def k8s_roots() -> list[Path]:
     return [d for d in k8s_dirs() if any(d.rglob("kustomization.yaml"))]
 
 
+def _base_kinds(root: Path) -> set[str]:
+    return {kind for kind, _ in load_base(root)}
+
+
+def serving_roots() -> list[Path]:
+    """Roots that serve the engine over HTTP (an engine Deployment); batch cases run Jobs instead."""
+    return [r for r in k8s_roots() if "Deployment" in _base_kinds(r)]
+
+
+def batch_roots() -> list[Path]:
+    """Roots that run the engine as Jobs (the batch case: one pod per shard)."""
+    return [r for r in k8s_roots() if "Job" in _base_kinds(r) and "Deployment" not in _base_kinds(r)]
+
+
 def load_base(root: Path) -> dict[tuple[str, str], dict]:
     k = yaml.safe_load((root / "base" / "kustomization.yaml").read_text())
     objs = {}
@@ -191,7 +205,7 @@ def test_layout_base_cpu_gpu(root):
     assert generated, "the base generates its ConfigMap from the case's config.yaml"
 
 
-@pytest.mark.parametrize("root", k8s_roots(), ids=rel)
+@pytest.mark.parametrize("root", serving_roots(), ids=rel)
 def test_engine_conventions(root):
     objs = load_base(root)
     engine = engine_deployment(objs)
@@ -218,7 +232,37 @@ def test_engine_conventions(root):
     assert 'vllm:num_requests_waiting{model_name="' in trigger["metadata"]["query"]
 
 
-@pytest.mark.parametrize("root", k8s_roots(), ids=rel)
+def _selects(policy: dict, labels: dict) -> bool:
+    wanted = policy["spec"]["podSelector"].get("matchLabels", {})
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+@pytest.mark.parametrize("root", serving_roots(), ids=rel)
+def test_api_key_from_a_secret_and_a_network_policy(root):
+    objs = load_base(root)
+    engine = engine_deployment(objs)
+    env = {e["name"]: e for e in container(engine, "engine").get("env", [])}
+    ref = env["SHARED_ENGINE_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] and ref["key"] and not ref.get("optional"), "the engine never starts without its key"
+    for (kind, name), obj in objs.items():  # any key-like variable anywhere comes from a Secret
+        if kind != "Deployment":
+            continue
+        for c in obj["spec"]["template"]["spec"].get("containers", []):
+            for e in c.get("env", []):
+                if e["name"].endswith("API_KEY"):
+                    assert "value" not in e and e["valueFrom"]["secretKeyRef"] == ref, (name, e)
+    labels = engine["spec"]["template"]["metadata"]["labels"]
+    policies = [o for (kind, _), o in objs.items() if kind == "NetworkPolicy" and _selects(o, labels)]
+    assert len(policies) == 1, "one NetworkPolicy selects the engine's pods"
+    spec = policies[0]["spec"]
+    assert spec["policyTypes"] == ["Ingress"] and spec["ingress"], "ingress rules (not an allow-all policy)"
+    port = container(engine, "engine")["ports"][0]["containerPort"]
+    for rule in spec["ingress"]:
+        assert rule["from"], "every rule names its sources"
+        assert [p["port"] for p in rule["ports"]] == [port], "only the engine's port is admitted"
+
+
+@pytest.mark.parametrize("root", serving_roots(), ids=rel)
 def test_overlays_render_valid_objects_and_gpu_requests_a_gpu(root):
     for name in ("cpu", "gpu"):
         for obj in overlay(root, name).values():
@@ -258,6 +302,55 @@ def test_kubectl_kustomize_renders_valid_objects(overlay_dir):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     rendered = [d for d in yaml.safe_load_all(out.stdout) if d]
-    assert {"ConfigMap", "Deployment", "ScaledObject"} <= {d["kind"] for d in rendered}
+    wanted = {"ConfigMap", "Job"} if overlay_dir.parent in batch_roots() else {"ConfigMap", "Deployment",
+                                                                                "ScaledObject"}
+    assert wanted <= {d["kind"] for d in rendered}
     for obj in rendered:
         validate(obj)
+
+
+def engine_job(objs: dict) -> dict:
+    jobs = [o for (kind, _), o in objs.items() if kind == "Job"
+            and o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"]
+    assert len(jobs) == 1, "one Job labelled app.kubernetes.io/component: engine"
+    return jobs[0]
+
+
+def test_the_batch_case_has_k8s_objects():
+    assert REPO / "case_batch_summarisation" / "k8s" in batch_roots()
+
+
+@pytest.mark.parametrize("root", batch_roots(), ids=rel)
+def test_batch_job_conventions(root):
+    """One pod per shard (an Indexed Job), at least two at a time (the GPU workers the shards fan out
+    across), each index retried on its own, the engine's run-batch on the shard of its index, the nights
+    volume shared by every pod, /dev/shm in memory, the model cache and config mounted."""
+    objs = load_base(root)
+    job = engine_job(objs)
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["parallelism"] >= 2
+    assert spec["backoffLimitPerIndex"] >= 1 and pod["restartPolicy"] == "Never"
+    c = next(c for c in pod["containers"] if c["name"] == "engine")
+    command = " ".join(c.get("command", []) + c.get("args", []))
+    assert "shared_engine run-batch" in command and "JOB_COMPLETION_INDEX" in command
+    assert "-i " in command and "-o " in command and "/etc/shared-engine/config.yaml" in command
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    for path in ("/models", "/data/nights"):
+        claim = volumes[mounts[path]]["persistentVolumeClaim"]["claimName"]
+        assert objs[("PersistentVolumeClaim", claim)]["spec"]["accessModes"] == ["ReadWriteMany"], path
+    assert volumes[mounts["/etc/shared-engine"]]["configMap"]["name"] == "engine-config"
+
+
+@pytest.mark.parametrize("root", batch_roots(), ids=rel)
+def test_batch_overlays_valid_and_one_gpu_per_shard_pod(root):
+    for name in ("cpu", "gpu"):
+        for obj in overlay(root, name).values():
+            validate(obj)
+    gpu = next(c for c in engine_job(overlay(root, "gpu"))["spec"]["template"]["spec"]["containers"]
+               if c["name"] == "engine")["resources"]
+    assert gpu["requests"]["nvidia.com/gpu"] == gpu["limits"]["nvidia.com/gpu"] == "1"
+    cpu = next(c for c in engine_job(overlay(root, "cpu"))["spec"]["template"]["spec"]["containers"]
+               if c["name"] == "engine")["resources"]
+    assert "nvidia.com/gpu" not in {**cpu.get("requests", {}), **cpu.get("limits", {})}

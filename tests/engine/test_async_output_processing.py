@@ -31,6 +31,14 @@ def _tiny(tiny_model_dir, mode: str | None, **settings) -> LLMEngine:
     return _engine(tiny_model_dir, mode, load_format="dummy", **settings)
 
 
+def _assert_no_block_held(engine: LLMEngine) -> None:
+    """Every request is done: no block table, no reference, every block free (cached prefix blocks are free
+    too: evictable), with prefix caching on or off."""
+    bm = engine.block_manager
+    assert not bm.block_tables and not any(bm.ref_counts), "a finished or aborted request still holds blocks"
+    assert bm.num_free_blocks == bm.num_blocks and bm.usage == 0.0
+
+
 def _drive(engine: LLMEngine, requests: list[tuple[str, list[int], SamplingParams]],
            abort_after: dict[int, str] | None = None) -> tuple[dict, dict]:
     """Add `requests`, step until done (aborting `abort_after[k]` after step k), checking block integrity
@@ -55,7 +63,7 @@ def _drive(engine: LLMEngine, requests: list[tuple[str, list[int], SamplingParam
             engine.block_manager.check_integrity()
             assert abort_after[num_steps] not in engine.block_manager.block_tables
         assert num_steps < 500
-    assert engine.block_manager.usage == 0.0 or engine.config.cache.enable_prefix_caching
+    _assert_no_block_held(engine)
     return final, streamed
 
 

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -123,3 +125,44 @@ def test_grammar_masks_on_a_block_equal_masks_after_consuming(llm):
     bad = tokenizer.encode("xyz", add_special_tokens=False)
     rows = processors.apply(torch.zeros(2, vocab), [request] * 2, [[], bad])
     assert torch.isinf(rows[0]).any() and not torch.isinf(rows[1]).any()
+
+
+def test_async_scheduling_same_outputs_and_grammar_waits(llm):
+    """Under async scheduling min_tokens counts the placeholder of the step in flight, and a grammar (which
+    reads the output tokens' values) collects that step before launching the next: outputs are the
+    synchronous engine's, token for token."""
+    from tests.engine.test_async_scheduling import _record
+
+    async_llm = LLM(max_model_len=512, kv_cache_memory=128 * 2**20, async_scheduling=True)
+    schema = StructuredOutputsParams(json={"type": "object", "properties": {"colour": {"type": "string"}},
+                                           "required": ["colour"]})
+    ids = chat_ids(llm, "Name a colour as JSON.")
+    cases = [dict(max_tokens=30, structured_outputs=schema), dict(max_tokens=30, min_tokens=20),
+             dict(max_tokens=8, logit_bias={ids[-1]: 5.0})]
+    log = _record(async_llm.engine)
+    for kwargs in cases:
+        assert ours(async_llm, ids, **kwargs) == ours(llm, ids, **kwargs), kwargs
+    launches = [n for kind, n in log if kind == "launch"]
+    grammar_steps = launches[: len(ours(llm, ids, **cases[0]))]  # the first request's steps
+    for n in grammar_steps[1:]:
+        assert log.index(("collect", n - 1)) < log.index(("launch", n))
+    text = llm.get_tokenizer().decode(ours(llm, ids, **cases[0]), skip_special_tokens=True)
+    assert set(json.loads(text)) == {"colour"}
+
+
+def test_a_grammar_that_fails_to_compile_ends_the_request_not_the_engine(llm):
+    """Validation at add_request refuses a bad schema; should compiling still fail inside a step, the matcher
+    allows only EOS."""
+    bad = StructuredOutputsParams(json="{not json")
+    with pytest.raises(ValueError, match="invalid JSON schema"):
+        llm.generate("Hi", SamplingParams(structured_outputs=bad), use_tqdm=False)
+    matcher = llm.engine.grammar.matcher(bad)
+    allowed = matcher.mask_after([])
+    assert allowed.nonzero().flatten().tolist() == [EOS]
+
+
+
+def test_min_tokens_with_a_grammar_is_refused():
+    """A complete JSON value allows only EOS, which min_tokens would mask: the pair is a ValueError (a 400)."""
+    with pytest.raises(ValueError, match="min_tokens cannot be combined"):
+        SamplingParams(min_tokens=5, structured_outputs=StructuredOutputsParams(json_object=True))

@@ -75,7 +75,7 @@ def test_two_requests_with_same_prefix_in_same_step(tok):
     assert [s.request_id for s in first.scheduled] == ["r0"]
     assert engine.scheduler.waiting[0].request_id == "r1"
     engine.runner.execute(first)
-    engine.scheduler.update_from_output(first, {"r0": 0}, 0.0)
+    engine.scheduler.update_from_output(first, {"r0": [0]}, 0.0)
     engine.abort_request(["r0", "r1"])
     assert ids_of(on.generate(prompts, GREEDY, use_tqdm=False)) == expected
 

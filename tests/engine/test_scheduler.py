@@ -15,7 +15,7 @@ def make(rid: str, prompt_len: int, max_tokens: int = 8) -> Request:
 
 def run_step(sched: Scheduler, token: int = 7):
     out = sched.schedule()
-    sampled = {s.request_id: token for s in out.scheduled if s.needs_sample}
+    sampled = {s.request_id: [token] for s in out.scheduled if s.needs_sample}
     sched.update_from_output(out, sampled)
     sched.block_manager.check_integrity()
     return out

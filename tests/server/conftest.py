@@ -81,7 +81,9 @@ def start_server(tmp_dir: Path, *flags: str) -> tuple[subprocess.Popen, Server]:
     else:
         proc.kill()
         raise RuntimeError(f"server did not start:\n{log_path.read_text()[-3000:]}")
-    models = httpx.get(url + "/v1/models").json()["data"]
+    key = flags[flags.index("--api-key") + 1] if "--api-key" in flags else None
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    models = httpx.get(url + "/v1/models", headers=headers).json()["data"]
     return proc, Server(url, models[0]["id"], log_path, models[0]["max_model_len"])
 
 

@@ -47,3 +47,16 @@ def test_bad_yaml_key_and_value(tmp_path):
         build_configs(_parse(["--config", str(config)]))
     with pytest.raises(ValueError, match="block_size"):
         build_configs(_parse(["--block-size", "3"]))
+
+
+def test_lora_flags_use_vllms_names():
+    engine, server = build_configs(_parse([
+        "--enable-lora", "--max-loras", "4", "--max-lora-rank", "64", "--max-cpu-loras", "8",
+        "--lora-modules", "fr=/adapters/fr", "upper=/adapters/upper", "--allow-runtime-lora-updating",
+        "--lora-admin-key", "k"]))
+    assert engine.lora.enable_lora and engine.lora.max_loras == 4 and engine.lora.max_lora_rank == 64
+    assert engine.lora.max_cpu_loras == 8
+    assert server.lora_modules == ["fr=/adapters/fr", "upper=/adapters/upper"]
+    assert server.allow_runtime_lora_updating and server.resolved_lora_admin_key() == "k"
+    with pytest.raises(ValueError, match="max_cpu_loras must be >= 4"):
+        build_configs(_parse(["--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"]))

@@ -140,7 +140,7 @@ def test_core_death_fails_in_flight_requests_and_health(tiny_model_dir):
             await asyncio.sleep(0.001)
         os.kill(client.pid, signal.SIGKILL)
         events, error = await task
-        assert error is not None and "engine" in error["message"], error
+        assert error is not None and "engine" in error["message"] and error["code"] == 503, error
         assert events < 400  # the stream ended with the error, not after all its tokens
         for _ in range(50):
             if (await http.get("/health")).status_code == 503:

@@ -33,7 +33,7 @@ def test_engine_failure_fails_requests_and_health(tiny_model_dir):
         assert (await client.get("/health")).status_code == 200
         engine.runner.execute = broken
         r = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
-        assert r.status_code == 500 and r.json()["error"]["code"] == 500
+        assert r.status_code == 503 and r.json()["error"]["code"] == 503
         health = await client.get("/health")
         assert health.status_code == 503 and "error" in health.json()
         again = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})

@@ -18,12 +18,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from shared_engine.engine.tokenizer import apply_chat_template
+from shared_engine.engine.tokenizer import render_chat_text
+from shared_engine.entrypoints.openai.chat_render import message_dicts
 from shared_engine.entrypoints.openai.errors import APIError
 from shared_engine.entrypoints.openai.protocol import ChatCompletionRequest
 from shared_engine.entrypoints.openai.server_config import ServerConfig
 from shared_engine.entrypoints.openai.serving_base import sampling_params_for
-from shared_engine.entrypoints.openai.serving_chat import message_dicts
+from shared_engine.entrypoints.openai.structured import structured_outputs, tool_mode
 from shared_engine.sampling_params import SamplingParams
 
 CHAT_URL = "/v1/chat/completions"
@@ -51,6 +52,7 @@ class BatchRow:
     custom_id: str | None
     body: dict | None = None
     request: ChatCompletionRequest | None = None
+    prompt_text: str | None = None
     prompt_token_ids: list[int] = field(default_factory=list)
     params: SamplingParams | None = None
     top_logprobs: int | None = None
@@ -99,9 +101,9 @@ def parse_line(number: int, text: str) -> BatchRow:
 
 
 def prepare(row: BatchRow, tokenizer, model_name: str, server_config: ServerConfig | None = None) -> None:
-    """Validate the body, render the chat template and build the sampling parameters; a failure becomes the
-    row's `error` (400, or 404 for a model other than `model_name`). Context-length checks happen later,
-    against the engine (`run_batch.py`)."""
+    """Validate the body, render the chat template's text and build the sampling parameters; a failure
+    becomes the row's `error` (400, or 404 for a model other than `model_name`). Token ids come from
+    `encode_rows` (all rows at once); context-length checks after that, against the engine (run_batch.py)."""
     if row.error is not None:
         return
     try:
@@ -113,11 +115,14 @@ def prepare(row: BatchRow, tokenizer, model_name: str, server_config: ServerConf
         k = (req.top_logprobs or 0) if req.logprobs else None
         if k is None and req.top_logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        if tool_mode(req) is not None:
+            raise APIError(400, "tools are not supported in a batch", "tools")
+        structured, _ = structured_outputs(req, None)  # response_format: checked by the engine at add_request
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        row.params = sampling_params_for(req, max_tokens, server_config or ServerConfig(), logprobs=k)
+        row.params = sampling_params_for(req, max_tokens, server_config or ServerConfig(), logprobs=k,
+                                         structured_outputs=structured)
         try:
-            row.prompt_token_ids = apply_chat_template(tokenizer, message_dicts(req.messages),
-                                                       req.add_generation_prompt)
+            row.prompt_text = render_chat_text(tokenizer, message_dicts(req.messages), req.add_generation_prompt)
         except Exception as e:  # noqa: BLE001 - a template error comes from the row's messages
             raise APIError(400, f"could not apply the chat template: {e}", "messages") from e
         row.request, row.top_logprobs = req, k
@@ -127,3 +132,14 @@ def prepare(row: BatchRow, tokenizer, model_name: str, server_config: ServerConf
         row.error = APIError(400, f"invalid body: {first.get('msg')} (at {param})", param)
     except APIError as e:
         row.error = e
+
+
+def encode_rows(rows: list[BatchRow], tokenizer, chunk: int = 1024) -> None:
+    """Token ids for every prepared row, encoded `chunk` texts at a time (the fast tokenizer encodes a
+    list in parallel: ~10x faster than one call per row on 4 KB tickets); the same ids as
+    `apply_chat_template` gives one row."""
+    todo = [r for r in rows if r.error is None and r.prompt_text is not None]
+    for i in range(0, len(todo), chunk):
+        part = todo[i : i + chunk]
+        for row, ids in zip(part, tokenizer([r.prompt_text for r in part], add_special_tokens=False)["input_ids"]):
+            row.prompt_token_ids, row.prompt_text = list(ids), None

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from shared_engine.entrypoints.batch.batch_input import BatchRow, prepare, read_rows
+from shared_engine.entrypoints.batch.batch_input import BatchRow, encode_rows, prepare, read_rows
 from shared_engine.entrypoints.batch.batch_output import error_row, success_row, write_jsonl_atomic
 from shared_engine.entrypoints.openai.errors import APIError
 from shared_engine.sampling_params import SamplingParams
@@ -31,7 +31,9 @@ logger = logging.getLogger("shared_engine.batch")
 @dataclass(frozen=True)
 class BatchSummary:
     """Counts in rows, tokens in tokens, times in seconds. `prompt_tokens` counts every row's prompt,
-    `prefill_tokens` the prompt tokens the engine computed (the rest were prefix-cache hits)."""
+    `prefill_tokens` the prompt tokens the engine computed (the rest were prefix-cache hits). `elapsed_s`
+    runs from the first queued request to the written file; `prepare_s` (reading, validation, chat
+    templates, tokenisation) comes before it."""
 
     num_rows: int
     num_succeeded: int
@@ -43,6 +45,7 @@ class BatchSummary:
     shared_prefix_tokens: int
     elapsed_s: float
     prefix_cache_hit_rate: float
+    prepare_s: float = 0.0
 
     @property
     def rows_per_s(self) -> float:
@@ -82,9 +85,12 @@ def run_batch(llm, input_path: Path, output_path: Path, model_name: str, use_tqd
     from shared_engine.entrypoints.openai.logprobs import TokenText
 
     engine = llm.engine
+    t0 = time.perf_counter()
     rows = read_rows(Path(input_path))
     for row in rows:
         prepare(row, engine.tokenizer, model_name, server_config)
+    encode_rows(rows, engine.tokenizer)
+    for row in rows:
         if row.error is None:
             try:
                 engine_check(engine, row.prompt_token_ids, row.params)
@@ -92,6 +98,7 @@ def run_batch(llm, input_path: Path, output_path: Path, model_name: str, use_tqd
                 row.error = APIError(400, str(e), "messages")
     runnable = [r for r in rows if r.error is None]
     started = time.perf_counter()
+    prepare_s = started - t0
     sched, stats = engine.scheduler, engine.stats
     queries0, hits0, prefill0 = sched.prefix_cache_queries, sched.prefix_cache_hits, stats.num_prompt_tokens_total
     prefix = shared_prefix(runnable, engine.config.cache.block_size) if engine.config.cache.enable_prefix_caching \
@@ -99,6 +106,7 @@ def run_batch(llm, input_path: Path, output_path: Path, model_name: str, use_tqd
     if prefix:
         llm.generate([prefix], SamplingParams(max_tokens=1), use_tqdm=False)
     outputs = _generate(engine, runnable, use_tqdm)
+    runnable = [r for r in runnable if r.error is None]  # add_request may refuse a row (a response_format)
     token_text = TokenText(engine.tokenizer) if engine.tokenizer is not None else None
     out_rows = [error_row(r.custom_id, r.error) if r.error is not None
                 else success_row(r.custom_id, outputs[r.line], model_name, token_text, r.top_logprobs) for r in rows]
@@ -113,7 +121,7 @@ def run_batch(llm, input_path: Path, output_path: Path, model_name: str, use_tqd
         cached_prompt_tokens=sum(o.num_cached_tokens for o in done),
         completion_tokens=sum(len(c.token_ids) for o in done for c in o.outputs),
         shared_prefix_tokens=len(prefix), elapsed_s=elapsed,
-        prefix_cache_hit_rate=hits / queries if queries else 0.0)
+        prefix_cache_hit_rate=hits / queries if queries else 0.0, prepare_s=prepare_s)
 
 
 def engine_check(engine, ids, params) -> None:
@@ -126,7 +134,11 @@ def _generate(engine, rows: list[BatchRow], use_tqdm: bool) -> dict:
     """Queue every row, longest prompt first; returns {row.line: RequestOutput}."""
     ordered = sorted(rows, key=lambda r: len(r.prompt_token_ids), reverse=True)
     for r in ordered:
-        engine.add_request(f"batch-{r.line}", r.prompt_token_ids, r.params, final_only=True)
+        try:
+            engine.add_request(f"batch-{r.line}", r.prompt_token_ids, r.params, final_only=True)
+        except ValueError as e:
+            r.error = APIError(400, str(e))
+    rows = [r for r in rows if r.error is None]
     bar = None
     if use_tqdm and rows:
         from tqdm.auto import tqdm

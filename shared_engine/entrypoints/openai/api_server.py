@@ -1,7 +1,8 @@
 """The FastAPI app (`create_app`) and `run_server` behind `python -m shared_engine serve`.
 
-Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`,
-`GET /metrics`, `POST /tokenize`, `POST /detokenize`, `GET /version`.
+Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/models/{id}`,
+`GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`, `GET /version`; with LoRA and runtime
+updating, `POST /v1/load_lora_adapter`, `POST /v1/unload_lora_adapter` (serving_lora.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 import shared_engine
 from shared_engine.config import EngineConfig
 from shared_engine.entrypoints.openai.async_engine import AsyncEngine, AsyncEngineBase
+from shared_engine.entrypoints.openai.chat_render import render_chat
 from shared_engine.entrypoints.openai.engine_watchdog import exit_when_dead
 from shared_engine.entrypoints.openai.errors import bad_request, error_response, install_error_handlers
 from shared_engine.entrypoints.openai.http_limits import uvicorn_http_options
@@ -43,8 +45,14 @@ from shared_engine.entrypoints.openai.protocol import (
 )
 from shared_engine.entrypoints.openai.server_config import ServerConfig
 from shared_engine.entrypoints.openai.serving_base import ServingContext
-from shared_engine.entrypoints.openai.serving_chat import ServingChat, render_chat
+from shared_engine.entrypoints.openai.serving_chat import ServingChat
 from shared_engine.entrypoints.openai.serving_completions import ServingCompletions
+from shared_engine.entrypoints.openai.serving_lora import (
+    ADMIN_PATHS,
+    adapter_cards,
+    build_registry,
+    install_lora_routes,
+)
 
 logger = logging.getLogger("shared_engine.server")
 
@@ -60,8 +68,10 @@ def create_app(engine, server_config: ServerConfig | None = None,
     model_name = async_engine.config.model.served_model_name or async_engine.source.name
     metrics = ServerMetrics(async_engine, model_name)
     async_engine.on_step = metrics.on_step
+    async_engine.heartbeat.timeout_s = server_config.health_timeout_s
     ctx = ServingContext(async_engine, metrics, model_name, server_config)
     completions, chat = ServingCompletions(ctx), ServingChat(ctx)
+    ctx.loras = build_registry(async_engine, model_name, server_config)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -87,14 +97,24 @@ def create_app(engine, server_config: ServerConfig | None = None,
     async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         return await chat.create(body, request)
 
+    def model_card() -> ModelCard:
+        return ModelCard(id=model_name, root=async_engine.source.name, max_model_len=async_engine.max_model_len,
+                         vocab_size=async_engine.source.arch.vocab_size)
+
     @app.get("/v1/models", response_model=ModelList, responses=error_responses(401), summary="List models")
     async def list_models():
-        card = ModelCard(id=model_name, root=async_engine.source.name, max_model_len=async_engine.max_model_len,
-                         vocab_size=async_engine.source.arch.vocab_size)
-        return ModelList(data=[card])
+        return ModelList(data=[model_card(), *adapter_cards(ctx.loras, model_name, async_engine.max_model_len)])
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=error_responses(401, 404),
+             summary="Retrieve a model")
+    async def retrieve_model(model_id: str):
+        if ctx.resolve_model(model_id) is not None:
+            return next(c for c in adapter_cards(ctx.loras, model_name, async_engine.max_model_len)
+                        if c.id == model_id)
+        return model_card()
 
     @app.get("/health", responses={200: {"content": {"application/json": {}}}, **error_responses(503)},
-             summary="200 while the engine runs, 503 after it failed")
+             summary="200 while the engine runs, 503 after it failed or hung (no heartbeat for health_timeout_s)")
     async def health():
         if not async_engine.healthy:
             return error_response(503, f"the engine is not healthy: {async_engine.error!r}")
@@ -110,7 +130,7 @@ def create_app(engine, server_config: ServerConfig | None = None,
         ctx.check_model(body.model)
         tokenizer = ctx.need_tokenizer()
         if body.messages is not None:
-            ids = await ctx.off_loop(render_chat, tokenizer, body.messages, body.add_generation_prompt)
+            ids = await ctx.off_loop(render_chat, tokenizer, body.messages, body.add_generation_prompt, body.tools)
         elif body.prompt is not None:
             ids = await ctx.off_loop(lambda: tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
         else:
@@ -131,11 +151,13 @@ def create_app(engine, server_config: ServerConfig | None = None,
         return VersionResponse(version=shared_engine.__version__,
                                engine_config=without_local_paths(async_engine.config.to_flat()))
 
+    if ctx.loras is not None and server_config.allow_runtime_lora_updating:
+        install_lora_routes(app, ctx.loras, server_config.resolved_lora_admin_key())
     install_openapi(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=server_config.max_request_body_bytes)
     api_key = server_config.resolved_api_key()
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key, exempt_paths=server_config.exempt_paths)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, exempt_paths=server_config.exempt_paths | ADMIN_PATHS)
     app.add_middleware(HeaderCountMiddleware, max_headers=server_config.max_headers)  # outermost: runs first
     return app
 

@@ -6,8 +6,9 @@ refuses them when overloaded or dead, and aborts requests whose consumer went aw
   (`--disable-frontend-multiprocessing`, and what `create_app(LLMEngine)` builds, e.g. in tests);
 - `EngineCoreClient` (engine_core_client.py): the engine core in its own process (the `serve` default).
 Requests and aborts reach the engine before its next step, so an abort frees its KV blocks then. If a
-step raises, the engine is dead: every in-flight request gets `EngineDeadError`, `healthy` turns False,
-and new requests are refused.
+step (or anything else in the engine loop) raises, or the loop gives no heartbeat for `health_timeout_s`
+(a step that never returns, heartbeat.py), the engine is dead: every in-flight request gets
+`EngineDeadError` (503), `healthy` turns False, and new requests are refused.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 
 from shared_engine.engine.engine_snapshot import EngineSnapshot
 from shared_engine.engine.request_validator import validate_request
+from shared_engine.entrypoints.openai.heartbeat import Heartbeat
 from shared_engine.outputs import RequestOutput
 from shared_engine.sampling_params import SamplingParams
 
@@ -33,6 +35,10 @@ class EngineDeadError(RuntimeError):
     """The engine loop failed; the request cannot complete."""
 
 
+class DuplicateRequestError(ValueError):
+    """A request id that a running request already has."""
+
+
 class OverloadedError(RuntimeError):
     """More requests are waiting than `max_waiting_requests` allows."""
 
@@ -40,7 +46,8 @@ class OverloadedError(RuntimeError):
 class AsyncEngineBase:
     """Subclasses set `config`, `source`, `max_model_len`, `tokenizer` and implement the transport:
     `start`, `shutdown`, `healthy`, `snapshot`, `_num_in_transit`, `_submit_add`, `_submit_abort`.
-    `on_step(num_tokens)`, if set, is called after every engine step (from any thread)."""
+    `on_step(num_tokens)`, if set, is called after every engine step (from any thread). The transport beats
+    `heartbeat` whenever the engine loop shows a sign of life and calls `_watch(loop)` in `start`."""
 
     config = source = tokenizer = None
     max_model_len: int = 0
@@ -50,6 +57,7 @@ class AsyncEngineBase:
         self.error: BaseException | None = None
         self._streams: dict[str, asyncio.Queue] = {}  # touched on the event loop only
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.heartbeat = Heartbeat()
 
     # ---- transport (subclasses) ----------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -70,7 +78,7 @@ class AsyncEngineBase:
         raise NotImplementedError
 
     def _submit_add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None) -> None:
+                    prompt: str | None, cache_salt: str | None = None, lora_request=None) -> None:
         raise NotImplementedError
 
     def _submit_abort(self, request_id: str) -> None:
@@ -87,13 +95,15 @@ class AsyncEngineBase:
                          self.source.arch.vocab_size)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None, stream: asyncio.Queue | None = None) -> asyncio.Queue:
+                    prompt: str | None = None, stream: asyncio.Queue | None = None,
+                    cache_salt: str | None = None, lora_request=None) -> asyncio.Queue:
         """Queue a request. Its events arrive on `stream` (a new queue unless given; several requests
         may share one) as `(request_id, item)`: item is a `RequestOutput`, None (aborted) or an
         exception (the request failed); a finished output, None or an exception is the last one.
+        `lora_request` (a `LoRARequest`) runs it on that adapter.
 
         Raises:
-            EngineDeadError, OverloadedError, ValueError (invalid request).
+            EngineDeadError, OverloadedError, ValueError (invalid request, or `request_id` in use).
         """
         if not self.healthy:
             raise EngineDeadError("the engine is not running")
@@ -101,9 +111,11 @@ class AsyncEngineBase:
         if cap is not None and self.num_waiting >= cap:
             raise OverloadedError(f"{self.num_waiting} requests are waiting (max_waiting_requests={cap})")
         self.check_request(prompt_token_ids, params)
+        if request_id in self._streams:
+            raise DuplicateRequestError(f"request id {request_id!r} is already in use by a running request")
         stream = asyncio.Queue() if stream is None else stream
         self._streams[request_id] = stream
-        self._submit_add(request_id, prompt_token_ids, params, prompt)
+        self._submit_add(request_id, prompt_token_ids, params, prompt, cache_salt, lora_request)
         return stream
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -147,10 +159,28 @@ class AsyncEngineBase:
             stream.put_nowait((request_id, exc))
 
     def _fail_all(self, exc: BaseException) -> None:
-        error = EngineDeadError(f"the engine failed: {type(exc).__name__}: {exc}")
+        error = exc if isinstance(exc, EngineDeadError) else EngineDeadError(
+            f"the engine failed: {type(exc).__name__}: {exc}")
         for request_id, stream in self._streams.items():
             stream.put_nowait((request_id, error))
         self._streams.clear()
+
+    # ---- liveness (on the event loop) ----------------------------------------------------------------
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.heartbeat.watch(loop, self._on_stall)
+
+    def _on_stall(self, silent_s: float) -> None:
+        if self.error is not None:
+            return
+        self.error = EngineDeadError(
+            f"the engine loop gave no sign of life for {silent_s:.1f} s (health_timeout_s="
+            f"{self.heartbeat.timeout_s:g}): a step that does not return")
+        logger.error("%s; failing in-flight requests", self.error)
+        self._fail_all(self.error)
+        self._on_hung()
+
+    def _on_hung(self) -> None:
+        """The transport's reaction to a stuck engine loop (the engine core process is killed)."""
 
 
 class AsyncEngine(AsyncEngineBase):
@@ -177,10 +207,15 @@ class AsyncEngine(AsyncEngineBase):
         sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
         self._loop = loop
         self._stop = False  # a shut-down engine can be started again (one app served by several loops)
+        add_failure_callback = getattr(self.engine.runner, "add_failure_callback", None)  # tensor parallelism
+        if add_failure_callback is not None:
+            add_failure_callback(self._on_worker_failure)
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
+        self._watch(loop)
 
     def shutdown(self) -> None:
+        self.heartbeat.stop()
         self._stop = True
         self._wakeup.set()
         if self._thread is not None:
@@ -190,16 +225,21 @@ class AsyncEngine(AsyncEngineBase):
     def healthy(self) -> bool:
         return self.error is None and self._thread is not None and self._thread.is_alive()
 
+    def _on_worker_failure(self, reason: str) -> None:
+        """A tensor-parallel worker died (its monitor's thread): fail everyone now, even while idle."""
+        self.error = EngineDeadError(reason)
+        self._loop.call_soon_threadsafe(self._fail_all, self.error)
+
     def snapshot(self) -> EngineSnapshot:
         return EngineSnapshot.of(self.engine)
 
     def _num_in_transit(self) -> int:
         return self._num_queued_adds
 
-    def _submit_add(self, request_id, prompt_token_ids, params, prompt) -> None:
+    def _submit_add(self, request_id, prompt_token_ids, params, prompt, cache_salt=None, lora_request=None) -> None:
         with self._count_lock:
             self._num_queued_adds += 1
-        self._commands.put(("add", request_id, prompt_token_ids, params, prompt))
+        self._commands.put(("add", request_id, prompt_token_ids, params, prompt, cache_salt, lora_request))
         self._wakeup.set()
 
     def _submit_abort(self, request_id: str) -> None:
@@ -208,24 +248,29 @@ class AsyncEngine(AsyncEngineBase):
 
     # ---- engine thread -------------------------------------------------------------------------------
     def _run(self) -> None:
+        """The engine loop. Any exception here (a step, a command, a metrics hook) kills the engine and fails
+        every open stream: a client must never wait on a loop that has stopped."""
+        try:
+            self._loop_forever()
+        except BaseException as exc:  # noqa: BLE001 - any failure kills the engine, not the server
+            logger.exception("engine loop failed; failing in-flight requests")
+            self.error = exc
+            self._loop.call_soon_threadsafe(self._fail_all, exc)
+
+    def _loop_forever(self) -> None:
         engine = self.engine
-        while not self._stop:
+        while not self._stop and self.error is None:  # declared dead (hung, a worker failed): stop
+            self.heartbeat.beat()
             self._wakeup.clear()
             self._drain_commands()
             if not engine.has_unfinished_requests():
                 self._wakeup.wait(_IDLE_WAIT_S)
                 continue
-            try:
-                outputs = engine.step()
-                if self.on_step is not None:
-                    total = engine.stats.num_prompt_tokens_total + engine.stats.num_generation_tokens_total
-                    self.on_step(total - self._last_tokens)
-                    self._last_tokens = total
-            except BaseException as exc:  # noqa: BLE001 - any failure kills the engine, not the server
-                logger.exception("engine step failed; failing in-flight requests")
-                self.error = exc
-                self._loop.call_soon_threadsafe(self._fail_all, exc)
-                return
+            outputs = engine.step()
+            if self.on_step is not None:
+                total = engine.stats.num_prompt_tokens_total + engine.stats.num_generation_tokens_total
+                self.on_step(total - self._last_tokens)
+                self._last_tokens = total
             if outputs:
                 self._loop.call_soon_threadsafe(self._deliver, outputs)
 
@@ -236,9 +281,10 @@ class AsyncEngine(AsyncEngineBase):
             except queue.Empty:
                 return
             if command[0] == "add":
-                _, request_id, ids, params, prompt = command
+                _, request_id, ids, params, prompt, cache_salt, lora_request = command
                 try:
-                    self.engine.add_request(request_id, ids, params, prompt=prompt)
+                    self.engine.add_request(request_id, ids, params, prompt=prompt, cache_salt=cache_salt,
+                                            lora_request=lora_request)
                 except ValueError as exc:
                     self._loop.call_soon_threadsafe(self._deliver_error, request_id, exc)
                 finally:

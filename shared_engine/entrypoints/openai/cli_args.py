@@ -41,8 +41,14 @@ _HELP = {
     "health_timeout_s": "/health answers 503 when the engine has work and no step finished for this long "
     "(a hung step; default 60)",
     "max_request_body_bytes": "larger request bodies get 413",
+    "cache_salt_from_api_key": "derive each request's cache_salt from the API key it presents (HMAC under "
+    "--cache-salt-secret), so tenants never share prefix-cache blocks",
+    "cache_salt_secret": "secret for --cache-salt-from-api-key (env fallback: SHARED_ENGINE_CACHE_SALT_SECRET; "
+    "default: random per process)",
     "max_n": "largest n accepted",
     "max_logprobs": "cap on logprobs / top_logprobs",
+    "num_threads": "torch intra-op (OpenMP) threads of the engine (default: OMP_NUM_THREADS if set, else the "
+    "cores this process may use); serve also sets OMP_WAIT_POLICY=PASSIVE unless it is set",
     "disable_frontend_multiprocessing": "run the engine in the API server's process (a thread) instead of "
     "its own engine core process",
     "cuda_graph_max_prefill_tokens": "CUDA: steps with up to this many prefill tokens (and decodes) replay a "
@@ -52,6 +58,16 @@ _HELP = {
     "async_scheduling": "schedule and launch step n+1 before step n's sampled tokens reach the host, so the "
     "device does not wait for scheduling or input building (vLLM's flag; implies async output processing; "
     "default: on for CUDA, off on the CPU; engine/async_output.py)",
+    "enable_lora": "serve LoRA adapters (requests pick one by their model field)",
+    "max_loras": "GPU adapter slots: most distinct adapters among running requests",
+    "max_lora_rank": "largest adapter rank accepted (each slot's size)",
+    "max_cpu_loras": "adapters kept in the CPU cache (default: max_loras)",
+    "allowed_local_lora_path": "adapter paths must resolve inside this directory",
+    "lora_modules": "adapters served from the start, as name=path",
+    "allow_runtime_lora_updating": "enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter",
+    "lora_admin_key": "bearer token for the LoRA admin routes (env fallback: SHARED_ENGINE_LORA_ADMIN_KEY)",
+    "tensor_parallel_size": "GPUs (CPU: processes) that each layer is sharded over, one worker process per rank "
+    "(torch.distributed: NCCL on CUDA, gloo on the CPU; README 'Tensor parallelism')",
     "disable_cascade_attn": "CUDA: no cascade attention (decodes sharing a prefix-cached prompt prefix of >= 256 "
     "tokens read it once per batch, not once per sequence)",
 }
@@ -80,6 +96,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=argparse.SUPPRESS, help=_HELP["model"])
     parser.add_argument("--config", type=Path, default=None, help="YAML file whose keys are the flag names")
     for field in _server_fields().values():
+        if field.name == "lora_modules":
+            parser.add_argument("--lora-modules", dest="lora_modules", nargs="+", default=argparse.SUPPRESS,
+                                metavar="NAME=PATH", help=_HELP["lora_modules"])
+            continue
         _add_flag(parser, field)
     for name, field in _engine_fields().items():
         if name != "model":

@@ -6,8 +6,9 @@ per engine step and hands it to the event loop, which rebuilds each request's cu
 from its delta (output_delta.py). The core is started with `multiprocessing`'s spawn method (CUDA cannot
 be used in a forked child).
 
-Failure handling: a step that raises in the core, or the core process dying (killed, out of memory), marks
-the engine dead: every in-flight request gets `EngineDeadError`, `/health` answers 503.
+Failure handling: a step that raises in the core, the core process dying (killed, out of memory), or the
+core falling silent for `health_timeout_s` (a step that never returns; the core is then killed) marks the
+engine dead: every in-flight request gets `EngineDeadError` (503), `/health` answers 503.
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ class EngineCoreClient(AsyncEngineBase):
         self._loop = loop
         self._reader = threading.Thread(target=self._read, name="engine-core-reader", daemon=True)
         self._reader.start()
+        self._watch(loop)
 
     def shutdown(self) -> None:
+        self.heartbeat.stop()
         self._closing = True
         with contextlib.suppress(OSError):  # the core is already gone
             self._send(("shutdown",))
@@ -109,11 +112,11 @@ class EngineCoreClient(AsyncEngineBase):
             self._commands.send(message)
 
     def _submit_add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None) -> None:
+                    prompt: str | None, cache_salt: str | None = None, lora_request=None) -> None:
         self._decoder.register(request_id, prompt, prompt_token_ids)
         self._num_adds_sent += 1
         try:
-            self._send(("add", request_id, prompt_token_ids, params, prompt))
+            self._send(("add", request_id, prompt_token_ids, params, prompt, cache_salt, lora_request))
         except OSError as exc:
             self._streams.pop(request_id, None)
             self._decoder.forget(request_id)
@@ -135,11 +138,20 @@ class EngineCoreClient(AsyncEngineBase):
                     reason = f"the engine core process exited (exit code {self._process.exitcode})"
                     self._loop.call_soon_threadsafe(self._on_dead, reason)
                 return
+            self.heartbeat.beat()  # every message is a sign of life, "heartbeat" ones while idle
             self._loop.call_soon_threadsafe(self._on_message, message)
             if message[0] == "dead":
                 return
 
     def _on_message(self, message: tuple) -> None:
+        try:
+            self._handle(message)
+        except Exception as exc:  # noqa: BLE001 - a message we cannot handle must not leave streams waiting
+            logger.exception("could not handle the engine core's %r message", message[0])
+            self._on_dead(f"the API process could not handle an engine core message: {type(exc).__name__}: {exc}")
+            self._on_hung()
+
+    def _handle(self, message: tuple) -> None:
         kind = message[0]
         if kind == "step":
             _, deltas, snapshot, adds_seen, num_tokens = message
@@ -160,5 +172,11 @@ class EngineCoreClient(AsyncEngineBase):
         if self.error is not None:
             return
         logger.error("engine core failed: %s", reason)
-        self.error = RuntimeError(reason)
+        self.error = EngineDeadError(f"the engine failed: {reason}")
         self._fail_all(self.error)
+
+    def _on_hung(self) -> None:
+        """The core is stuck or out of step with us: kill it (SIGKILL works on a stopped process too)."""
+        self._closing = True
+        with contextlib.suppress(OSError):
+            self._process.kill()

@@ -1,7 +1,8 @@
 """`APIError` and the exception handlers that turn every failure into the OpenAI error envelope
 `{"error": {"message", "type", "param", "code"}}` with conventions.md's status codes.
 
-Anything a client sends maps to a 4xx; a 500 only comes from an engine failure (`EngineDeadError`).
+Anything a client sends maps to a 4xx; an engine that failed or hung maps to 503 (`EngineDeadError`, also as
+the error frame of a stream that had started); a 500 only comes from a bug in the server itself.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if not loc and first.get("type") in ("model_attributes_type", "dict_type"):
         return "the request body must be a JSON object", None
     param = ".".join(loc) or None
+    if first.get("type") == "extra_forbidden":
+        return f"unknown field `{param}`: this server does not support it", param
     message = first.get("msg", "invalid value")
     return (f"{param}: {message}" if param else message), param
 

@@ -10,7 +10,12 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from shared_engine.entrypoints.openai.async_engine import AsyncEngineBase, EngineDeadError, OverloadedError
+from shared_engine.entrypoints.openai.async_engine import (
+    AsyncEngineBase,
+    DuplicateRequestError,
+    EngineDeadError,
+    OverloadedError,
+)
 from shared_engine.entrypoints.openai.errors import APIError, bad_request, overloaded
 from shared_engine.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from shared_engine.outputs import RequestOutput
@@ -22,6 +27,8 @@ class Job:
     prompt_token_ids: list[int]
     params: SamplingParams
     prompt: str | None = None
+    cache_salt: str | None = None  # requests share cached prefix blocks only under the same salt
+    lora_request: object | None = None  # LoRARequest: the adapter the request's `model` named
 
 
 class ClientDisconnected(Exception):
@@ -56,8 +63,12 @@ class GenerationRun:
             for job in self.jobs:
                 self.engine.check_request(job.prompt_token_ids, job.params)
             for rid, job in zip(self.request_ids, self.jobs):
-                self.engine.add_request(rid, job.prompt_token_ids, job.params, job.prompt, stream=self.queue)
+                self.engine.add_request(rid, job.prompt_token_ids, job.params, job.prompt, stream=self.queue,
+                                        cache_salt=job.cache_salt, lora_request=job.lora_request)
                 self._open.add(rid)
+        except DuplicateRequestError as e:
+            self.abort()
+            raise bad_request(str(e), "request_id") from e
         except ValueError as e:
             self.abort()
             raise bad_request(str(e)) from e
@@ -72,7 +83,7 @@ class GenerationRun:
         """(prompt index, output) until every request finished.
 
         Raises:
-            APIError: 500 when the engine failed, 400 when it rejected a request.
+            APIError: 503 when the engine failed (dead or hung), 400 when it rejected a request.
             ClientDisconnected: a request was aborted.
         """
         while self._open:
@@ -80,7 +91,7 @@ class GenerationRun:
             if item is None:
                 raise ClientDisconnected()
             if isinstance(item, EngineDeadError):
-                raise APIError(500, str(item))
+                raise APIError(503, str(item))
             if isinstance(item, BaseException):
                 raise bad_request(str(item))
             self.trackers[rid].on_output(item)

@@ -11,7 +11,13 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from shared_engine.entrypoints.openai.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
+from shared_engine.entrypoints.openai.protocol import (
+    CompletionLogprobs,
+    PromptLogprob,
+    PromptLogprobs,
+    TokenLogprob,
+    TopLogprob,
+)
 from shared_engine.outputs import Logprob
 
 MIN_LOGPROB = -9999.0
@@ -73,7 +79,8 @@ def _ranked(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
 
 def completion_logprobs(text: TokenText, token_ids: list[int], entries: list[dict[int, Logprob] | None],
                         k: int, offset: int = 0) -> CompletionLogprobs:
-    """`entries[i]` is None for a token without a logprob (the first prompt token)."""
+    """`entries[i]` is None for a token without a logprob (the first prompt token). `offset` is the
+    `text_offset` of the first token (a stream's later chunks continue where the last one ended)."""
     out = CompletionLogprobs()
     for token_id, entry in zip(token_ids, entries):
         token, _ = text(token_id)
@@ -106,3 +113,20 @@ def chat_logprobs(text: TokenText, token_ids: list[int], entries: list[dict[int,
         content.append(TokenLogprob(token=token, logprob=finite(chosen.logprob) if chosen else MIN_LOGPROB,
                                     bytes=raw, top_logprobs=top))
     return content
+
+
+def prompt_logprobs(text: TokenText, token_ids: list[int], entries: list[dict[int, Logprob] | None] | None,
+                    k: int) -> PromptLogprobs:
+    """vLLM's `prompt_logprobs`: per prompt position (None for the first), the prompt token's own entry
+    and the top `k`, keyed by token id."""
+    out: PromptLogprobs = []
+    for token_id, entry in zip(token_ids, entries or [None] * len(token_ids)):
+        if entry is None:
+            out.append(None)
+            continue
+        keep = dict(_ranked(entry, k))
+        if token_id in entry:
+            keep[token_id] = entry[token_id]
+        out.append({str(tid): PromptLogprob(logprob=finite(lp.logprob), rank=lp.rank, decoded_token=text(tid)[0])
+                    for tid, lp in keep.items()})
+    return out

@@ -9,6 +9,8 @@ request finishes; `vllm:iteration_tokens_total` after every engine step.
 
 from __future__ import annotations
 
+import time
+
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -51,8 +53,26 @@ class _EngineCollector:
             "vllm:spec_decode_num_accepted_tokens": ("Draft tokens accepted.",
                                                      snap.spec_decode_num_accepted_tokens_total),
         }
+        counters["vllm:spec_decode_num_drafts"] = ("Speculative decodes verified (requests x steps).",
+                                                   snap.spec_decode_num_drafts_total)
         for name, (doc, value) in counters.items():
             yield self._one(CounterMetricFamily(name, doc, labels=["model_name"]), value)
+        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted draft tokens by draft position.", labels=["model_name", "position"])
+        for position, value in enumerate(snap.spec_decode_num_accepted_tokens_per_pos_total):
+            per_pos.add_metric([self.model_name, str(position)], value)
+        yield per_pos
+        if snap.max_loras:
+            yield self._lora_info(snap)
+
+    def _lora_info(self, snap):
+        """vLLM's `vllm:lora_requests_info` (value: the time of the reading) plus which adapters hold GPU slots."""
+        family = GaugeMetricFamily("vllm:lora_requests_info", "Running, waiting and GPU-resident LoRA adapters.",
+                                   labels=["model_name", "max_lora", "running_lora_adapters", "waiting_lora_adapters",
+                                           "resident_lora_adapters"])
+        family.add_metric([self.model_name, str(snap.max_loras), ",".join(snap.running_lora_adapters),
+                           ",".join(snap.waiting_lora_adapters), ",".join(snap.resident_lora_adapters)], time.time())
+        return family
 
     def _one(self, family, value):
         family.add_metric([self.model_name], value)

@@ -12,7 +12,7 @@ class ApiKeyMiddleware:
     """`Authorization: Bearer <key>` on every path but `exempt_paths` (exact matches; by default /health and
     /metrics, for probes and scrapers), compared in constant time. Everything else reveals or costs
     something: /v1/*, /tokenize and /detokenize (compute), /version (the engine's configuration),
-    /openapi.json and /docs."""
+    /openapi.json and /docs. The LoRA admin routes are exempt from it: they check their own admin key."""
 
     def __init__(self, app, api_key: str, exempt_paths: frozenset[str] = frozenset()) -> None:
         self.app = app

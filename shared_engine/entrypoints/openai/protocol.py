@@ -1,9 +1,11 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic; they also make `/openapi.json`).
 
 Field names, types and ranges follow OpenAI's API and vLLM's extensions (`top_k`, `min_p`,
-`repetition_penalty`, `stop_token_ids`, `ignore_eos`, `min_tokens`). Range checks here become 400s
+`repetition_penalty`, `stop_token_ids`, `ignore_eos`, `min_tokens`, `cache_salt`, `prompt_logprobs`,
+`request_id`, `include_stop_str_in_output`, `skip_special_tokens`). Range checks here become 400s
 before anything reaches the engine; limits that depend on the server's configuration (`n`,
-`top_logprobs`, the context length) are checked by the handlers.
+`top_logprobs`, the context length) are checked by the handlers. A field this server does not know is a
+400 naming it (`extra="forbid"`): nothing a client sends is silently dropped.
 """
 
 from __future__ import annotations
@@ -12,6 +14,14 @@ import time
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from shared_engine.entrypoints.openai.protocol_tools import (
+    DeltaToolCall,
+    ResponseFormat,
+    Tool,
+    ToolCall,
+    ToolChoice,
+)
 
 # Seeds are 64-bit (torch generators); other integers are bounded so that no value reaches the engine
 # that it cannot hold.
@@ -33,7 +43,7 @@ def _check_text(value: Any) -> None:
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="before")
     @classmethod
@@ -69,6 +79,13 @@ class SamplingFields(OpenAIModel):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=_INT64)
     user: str | None = None
+    # token id (as a string, OpenAI's shape) → bias in [-100, 100]; bounded: each entry costs every step
+    logit_bias: dict[str, float] | None = Field(None, max_length=1024)
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024)
+    prompt_logprobs: int | None = Field(None, ge=0, le=_INT64)
+    request_id: str | None = Field(None, min_length=1, max_length=256)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
 
 class CompletionRequest(SamplingFields):
@@ -76,9 +93,15 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(16, ge=0, le=_INT64)  # 0 only with echo (prompt scoring)
     logprobs: int | None = Field(None, ge=0, le=_INT64)
     echo: bool | None = False
+    best_of: int | None = Field(None, ge=1, le=_INT64)  # accepted only when it equals n (no server-side ranking)
+    suffix: str | None = None  # accepted only when null or "" (no insertion mode)
 
 
 class ContentPart(OpenAIModel):
+    """Only text parts are served; the chat handler answers other types (`image_url`, ...) with a 400
+    naming the part, so their fields are let through to that check."""
+
+    model_config = ConfigDict(extra="allow")
     type: str = "text"
     text: str | None = None
 
@@ -87,6 +110,8 @@ class ChatMessage(OpenAIModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -96,6 +121,10 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=_INT64)
     add_generation_prompt: bool = True
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class TokenizeRequest(OpenAIModel):
@@ -104,6 +133,7 @@ class TokenizeRequest(OpenAIModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    tools: list[Tool] | None = None
 
 
 class DetokenizeRequest(OpenAIModel):
@@ -130,12 +160,24 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's shape of one prompt_logprobs entry (keyed by the token id as a string)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -164,6 +206,7 @@ class ChatLogprobs(BaseModel):
 class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -181,11 +224,13 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from shared_engine.config.validation import check_range
 
 API_KEY_ENV = ("SHARED_ENGINE_API_KEY", "VLLM_API_KEY")
+CACHE_SALT_SECRET_ENV = "SHARED_ENGINE_CACHE_SALT_SECRET"
+LORA_ADMIN_KEY_ENV = "SHARED_ENGINE_LORA_ADMIN_KEY"
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,18 @@ class ServerConfig:
     default `max_waiting_requests`), `max_prompt_tokens_per_request` (prompt tokens summed over the
     request's sequences: each prompt counts `n` times). HTTP framing: `max_header_bytes` (request line and
     headers; 431 above it) and `max_headers` (431 above it). `health_timeout_s`: `/health` answers 503 when
-    the engine has unfinished work and no step has completed for this long (a hung step)."""
+    the engine has unfinished work and no step has completed for this long (a hung step).
+    `cache_salt_from_api_key`: every request's `cache_salt` is derived from the bearer token it presents
+    (HMAC-SHA256 under `cache_salt_secret`, env fallback `SHARED_ENGINE_CACHE_SALT_SECRET`, else a random
+    secret per process), mixed with the salt the request gives: tenants with different keys never share
+    prefix-cache blocks, so `cached_tokens` reveals nothing about another tenant's prompts.
+
+    Multi-LoRA (with the engine's `enable_lora`): `lora_modules` ["name=path", ...] are served from the start
+    (vLLM's `--lora-modules`). `allow_runtime_lora_updating` turns on `POST /v1/load_lora_adapter` and
+    `/v1/unload_lora_adapter` (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING), which need `Authorization: Bearer
+    <lora_admin_key>` (env fallback `SHARED_ENGINE_LORA_ADMIN_KEY`): a key of their own, so holders of the
+    users' `api_key` cannot change what is served. The server refuses to start with runtime updating on and
+    no admin key."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -42,6 +55,11 @@ class ServerConfig:
     health_timeout_s: float = 60.0
     uvicorn_log_level: str = "info"
     disable_frontend_multiprocessing: bool = False
+    cache_salt_from_api_key: bool = False
+    cache_salt_secret: str | None = None
+    lora_modules: list[str] | None = None
+    allow_runtime_lora_updating: bool = False
+    lora_admin_key: str | None = None
 
     def __post_init__(self) -> None:
         check_range("port", self.port, 0, 65535)
@@ -50,6 +68,14 @@ class ServerConfig:
                      "max_header_bytes", "max_headers"):
             check_range(name, getattr(self, name), 1)
         check_range("health_timeout_s", self.health_timeout_s, 0, low_open=True)
+
+    def resolved_cache_salt_secret(self) -> str | None:
+        """The secret the per-key salts are derived under: given, from the env, or None (the server then
+        draws a random one at startup)."""
+        return self.cache_salt_secret or os.environ.get(CACHE_SALT_SECRET_ENV) or None
+
+    def resolved_lora_admin_key(self) -> str | None:
+        return self.lora_admin_key or os.environ.get(LORA_ADMIN_KEY_ENV) or None
 
     def resolved_api_key(self) -> str | None:
         if self.api_key:

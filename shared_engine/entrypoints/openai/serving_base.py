@@ -1,9 +1,13 @@
 """What the completions and chat handlers share: the served model name, request → `SamplingParams`,
-tokenisation off the event loop, usage, and the streaming response wrapper."""
+request ids, cache salts, tokenisation off the event loop, usage, and the streaming response wrapper."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import re
+import secrets
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +23,11 @@ from shared_engine.entrypoints.openai.request_limits import check_stop_limits
 from shared_engine.entrypoints.openai.server_config import ServerConfig
 from shared_engine.entrypoints.openai.streaming import SSE_MEDIA_TYPE
 from shared_engine.outputs import RequestOutput
-from shared_engine.sampling_params import SamplingParams
+from shared_engine.sampling.grammar import GrammarBackend
+from shared_engine.sampling_params import SamplingParams, StructuredOutputsParams
+
+# SamplingParams' messages start with the field's name: the 400's `param`
+_FIELD = re.compile(r"^([a-z_]+)\b")
 
 # Tokenisation and chat templating run here, not on the event loop: a 7 MB prompt takes seconds to
 # tokenise, and /health, streams and other requests must not wait for it. Hugging Face fast tokenizers
@@ -37,6 +45,10 @@ class ServingContext:
         self.server_config = server_config
         self.tokenizer = async_engine.tokenizer
         self.token_text = TokenText(self.tokenizer) if self.tokenizer is not None else None
+        vocab = async_engine.source.arch.vocab_size
+        # the engine's EOS ids are not known here; the validation below does not depend on them
+        self.grammar = GrammarBackend(self.tokenizer, vocab, ()) if self.tokenizer is not None else None
+        self._salt_secret = (server_config.resolved_cache_salt_secret() or secrets.token_hex(32)).encode()
         self._pool = ThreadPoolExecutor(TOKENIZER_WORKERS, thread_name_prefix="tokenizer")
 
     async def off_loop(self, fn: Callable, *args):
@@ -47,30 +59,79 @@ class ServingContext:
     def max_model_len(self) -> int:
         return self.async_engine.max_model_len
 
+    loras = None  # LoRARegistry when LoRA is enabled (api_server.create_app sets it)
+
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        self.resolve_model(model)
+
+    def resolve_model(self, model: str | None):
+        """The `LoRARequest` a request's `model` names, None for the base model (or no `model`).
+
+        Raises:
+            APIError: 404 for a name that is neither the base model nor a loaded adapter (never the base).
+        """
+        if model is None or model == self.model_name:
+            return None
+        lora = None if self.loras is None else self.loras.get(model)
+        if lora is None:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
+        return lora
 
     def need_tokenizer(self):
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer: send token ids")
         return self.tokenizer
 
+    def base_id(self, prefix: str, req: SamplingFields) -> str:
+        """The response id: `prefix-<request_id>` when the client gave one (vLLM's field), else a fresh
+        uuid. The prefix keeps client ids apart from the ids the engine derives for `n` > 1 choices
+        (`<index>_<id>`, which start with a digit); a duplicate of a running id is refused by the engine."""
+        return f"{prefix}-{req.request_id}" if req.request_id else new_id(prefix)
+
+    def cache_salt(self, req: SamplingFields, request) -> str | None:
+        """The request's `cache_salt`; with `cache_salt_from_api_key`, an HMAC of the bearer token it
+        presents (and of its own salt): another key can never hit this key's cached prefixes."""
+        if not self.server_config.cache_salt_from_api_key:
+            return req.cache_salt
+        auth = request.headers.get("authorization", "")
+        key = auth[7:] if auth[:7].lower() == "bearer " else auth
+        message = key.encode() + b"\0" + (req.cache_salt or "").encode()
+        return hmac.new(self._salt_secret, message, hashlib.sha256).hexdigest()
+
+    def check_structured(self, structured: StructuredOutputsParams | None, param: str) -> None:
+        """Raises `APIError` 400 (with `param`) for a schema or grammar llguidance rejects."""
+        if structured is None:
+            return
+        if self.grammar is None:
+            raise bad_request("structured outputs need a tokenizer; this model has none", param)
+        try:
+            self.grammar.validate(structured)
+        except ValueError as e:
+            raise bad_request(f"{param}: {e}", param) from e
+
     def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None = None,
-                        prompt_logprobs: int | None = None) -> SamplingParams:
-        """Raises `APIError` 400 for values the engine does not accept."""
-        return sampling_params_for(req, max_tokens, self.server_config, logprobs, prompt_logprobs)
+                        prompt_logprobs: int | None = None,
+                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
+        """Raises `APIError` 400 for values the engine does not accept, naming the field."""
+        return sampling_params_for(req, max_tokens, self.server_config, logprobs, prompt_logprobs, structured_outputs)
 
 
 def sampling_params_for(req: SamplingFields, max_tokens: int | None, server_config: ServerConfig,
-                        logprobs: int | None = None, prompt_logprobs: int | None = None) -> SamplingParams:
+                        logprobs: int | None = None, prompt_logprobs: int | None = None,
+                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
     """A request body's sampling fields as `SamplingParams` (also used by `run-batch`, without a server).
 
     Raises `APIError` 400 for `n` over `max_n`, stop lists past the server's limits, or values the engine
-    does not accept."""
+    does not accept (`param` names the field)."""
     if req.n > server_config.max_n:
         raise bad_request(f"n must be at most {server_config.max_n}, got {req.n}", "n")
     check_stop_limits(server_config, req.stop, req.stop_token_ids)
+    try:
+        bias = {int(k): v for k, v in (req.logit_bias or {}).items()}
+    except ValueError as e:
+        raise bad_request("logit_bias keys must be token ids (integers as strings)", "logit_bias") from e
+    if prompt_logprobs is None or (req.prompt_logprobs is not None and req.prompt_logprobs > prompt_logprobs):
+        prompt_logprobs = req.prompt_logprobs
     try:
         return SamplingParams(
             n=req.n,
@@ -89,9 +150,15 @@ def sampling_params_for(req: SamplingFields, max_tokens: int | None, server_conf
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            logit_bias=bias or None,
+            structured_outputs=structured_outputs,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens,
         )
     except ValueError as e:
-        raise bad_request(str(e)) from e
+        match = _FIELD.match(str(e))
+        raise bad_request(str(e), match.group(1) if match and match.group(1) in type(req).model_fields
+                          else None) from e
 
 
 def new_id(prefix: str) -> str:

@@ -1,5 +1,6 @@
-"""`POST /v1/chat/completions`: messages rendered with the tokenizer's own chat template (system messages
-as given, the generation prompt added), streamed or not."""
+"""`POST /v1/chat/completions`: messages rendered with the tokenizer's own chat template (chat_render.py),
+`response_format` and `tool_choice` enforced by a grammar (structured.py), tool calls parsed
+(tool_calls.py), streamed or not."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from shared_engine.engine.tokenizer import apply_chat_template
+from shared_engine.entrypoints.openai.chat_render import render_chat
 from shared_engine.entrypoints.openai.errors import APIError, bad_request, sse_error
 from shared_engine.entrypoints.openai.generation_run import ClientDisconnected, GenerationRun, Job
-from shared_engine.entrypoints.openai.logprobs import chat_logprobs
+from shared_engine.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs
 from shared_engine.entrypoints.openai.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -19,33 +20,16 @@ from shared_engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatLogprobs,
-    ChatMessage,
     DeltaMessage,
     ResponseMessage,
 )
+from shared_engine.entrypoints.openai.protocol_tools import DeltaFunctionCall, DeltaToolCall
 from shared_engine.entrypoints.openai.request_limits import check_prompt_tokens
-from shared_engine.entrypoints.openai.serving_base import ServingContext, event_stream, new_id, usage
+from shared_engine.entrypoints.openai.serving_base import ServingContext, event_stream, usage
 from shared_engine.entrypoints.openai.streaming import DONE, ChoiceCursor, sse, visible_text
+from shared_engine.entrypoints.openai.structured import named_tool, structured_outputs, tool_mode
+from shared_engine.entrypoints.openai.tool_calls import calls_from_json, held_back, parse_tool_calls
 from shared_engine.outputs import CompletionOutput
-
-
-def message_dicts(messages: list[ChatMessage]) -> list[dict]:
-    """Messages as the chat template expects them: text content parts joined, null content as ""."""
-    out = []
-    for m in messages:
-        content = m.content
-        if isinstance(content, list):
-            content = "".join(part.text or "" for part in content if part.type == "text")
-        out.append({"role": m.role, "content": content or ""})
-    return out
-
-
-def render_chat(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-    """Prompt token ids. Raises `APIError` 400 when the template rejects the conversation."""
-    try:
-        return apply_chat_template(tokenizer, message_dicts(messages), add_generation_prompt)
-    except Exception as e:  # noqa: BLE001 - a template error comes from the client's messages
-        raise bad_request(f"could not apply the chat template: {e}", "messages") from e
 
 
 class ServingChat:
@@ -54,33 +38,55 @@ class ServingChat:
 
     async def create(self, req: ChatCompletionRequest, request: Request) -> Response:
         ctx = self.ctx
-        ctx.check_model(req.model)
+        lora = ctx.resolve_model(req.model)
+        mode = tool_mode(req)
+        tools = req.tools if mode is not None else None
+        structured, param = structured_outputs(req, mode)
+        await ctx.off_loop(ctx.check_structured, structured, param)  # compiling a schema can take 100s of ms
         k = self._top_logprobs(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        params = ctx.sampling_params(req, max_tokens, logprobs=k)
-        ids = await ctx.off_loop(render_chat, ctx.need_tokenizer(), req.messages, req.add_generation_prompt)
+        params = ctx.sampling_params(req, max_tokens, logprobs=k, structured_outputs=structured)
+        if req.prompt_logprobs is not None and req.stream:
+            raise bad_request("prompt_logprobs is not supported with stream", "prompt_logprobs")
+        ids = await ctx.off_loop(render_chat, ctx.need_tokenizer(), req.messages, req.add_generation_prompt, tools)
         check_prompt_tokens(ctx.server_config, [len(ids)], req.n, "messages")
-        run = GenerationRun(ctx.async_engine, ctx.metrics, new_id("chatcmpl"), [Job(ids, params)])
+        run = GenerationRun(ctx.async_engine, ctx.metrics, ctx.base_id("chatcmpl", req),
+                            [Job(ids, params, cache_salt=ctx.cache_salt(req, request), lora_request=lora)])
         run.start()
         if req.stream:
-            return event_stream(self._stream(run, req, request))
+            return event_stream(self._stream(run, req, request, mode))
         try:
             (out,) = await run.results(request)
         except ClientDisconnected:
             return Response(status_code=499)
-        choices = [ChatChoice(index=c.index, message=ResponseMessage(content=visible_text(c)),
-                              logprobs=self._logprobs(c, k, 0, len(c.token_ids)),
-                              finish_reason=c.finish_reason, stop_reason=c.stop_reason) for c in out.outputs]
+        choices = [self._choice(c, req, mode, k) for c in out.outputs]
         body = ChatCompletionResponse(id=run.request_ids[0].rsplit("-", 1)[0], model=ctx.model_name,
                                       choices=choices, usage=usage([out]))
-        return JSONResponse(body.model_dump(mode="json"))
+        if req.prompt_logprobs is not None and ctx.token_text is not None:
+            body.prompt_logprobs = prompt_logprobs(ctx.token_text, out.prompt_token_ids, out.prompt_logprobs,
+                                                   req.prompt_logprobs)
+        return JSONResponse(body.model_dump(mode="json", exclude_none=False))
 
-    @staticmethod
-    def _top_logprobs(req: ChatCompletionRequest) -> int | None:
+    def _choice(self, c: CompletionOutput, req: ChatCompletionRequest, mode: str | None, k) -> ChatChoice:
+        text, calls = visible_text(c), []
+        if mode == "auto":
+            parsed = parse_tool_calls(text, req.tools, req.parallel_tool_calls is not False)
+            text, calls = parsed.content, parsed.tool_calls
+        elif mode in ("required", "named"):
+            text, calls = None, calls_from_json(text, named_tool(req))
+        finish = "tool_calls" if calls and mode != "named" and c.finish_reason == "stop" else c.finish_reason
+        return ChatChoice(index=c.index, message=ResponseMessage(content=text, tool_calls=calls),
+                          logprobs=self._logprobs(c, k, 0, len(c.token_ids)), finish_reason=finish,
+                          stop_reason=c.stop_reason)
+
+    def _top_logprobs(self, req: ChatCompletionRequest) -> int | None:
         if not req.logprobs:
             if req.top_logprobs:
                 raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
             return None
+        limit = self.ctx.async_engine.config.model.max_logprobs
+        if req.top_logprobs is not None and req.top_logprobs > limit:
+            raise bad_request(f"top_logprobs must be between 0 and {limit}, got {req.top_logprobs}", "top_logprobs")
         return req.top_logprobs or 0
 
     def _logprobs(self, c: CompletionOutput, k: int | None, start: int, end: int) -> ChatLogprobs | None:
@@ -89,7 +95,7 @@ class ServingChat:
         entries = (c.logprobs or [])[start:end]
         return ChatLogprobs(content=chat_logprobs(self.ctx.token_text, c.token_ids[start:end], entries, k))
 
-    async def _stream(self, run: GenerationRun, req: ChatCompletionRequest, request: Request):
+    async def _stream(self, run: GenerationRun, req: ChatCompletionRequest, request: Request, mode: str | None):
         ctx = self.ctx
         base_id, created = run.request_ids[0].rsplit("-", 1)[0], int(time.time())
         k = self._top_logprobs(req)
@@ -101,6 +107,7 @@ class ServingChat:
         yield chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
                      for i in range(req.n)])
         cursors: dict[int, ChoiceCursor] = {}
+        tools: dict[int, _ToolStream] = {}
         final = None
         async with run.abort_on_disconnect(request):
             try:
@@ -110,10 +117,15 @@ class ServingChat:
                         delta = cursors.setdefault(c.index, ChoiceCursor()).advance(c)
                         if delta is None:
                             continue
+                        message, finish = DeltaMessage(content=delta.text or None), delta.finish_reason
+                        if mode is not None:
+                            stream = tools.setdefault(c.index, _ToolStream(req, mode))
+                            message = stream.advance(delta.text, finish is not None)
+                            if stream.called and finish == "stop" and mode != "named":
+                                finish = "tool_calls"
                         yield chunk([ChatChunkChoice(
-                            index=c.index, delta=DeltaMessage(content=delta.text if delta.text else None),
+                            index=c.index, delta=message, finish_reason=finish,
                             logprobs=self._logprobs(c, k, delta.token_start, delta.token_end),
-                            finish_reason=delta.finish_reason,
                             stop_reason=c.stop_reason if delta.finish_reason else None)])
             except ClientDisconnected:
                 return
@@ -124,3 +136,34 @@ class ServingChat:
         if req.stream_options is not None and req.stream_options.include_usage and final is not None:
             yield chunk([], usage([final]))
         yield DONE
+
+
+class _ToolStream:
+    """One choice's deltas when tools are in play: `auto` streams the content before the first
+    `<tool_call>` (holding back a tail that may become one); the calls, each with its whole arguments,
+    come in the last delta. `required` / named stream no content, only the calls at the end."""
+
+    def __init__(self, req: ChatCompletionRequest, mode: str) -> None:
+        self.req, self.mode = req, mode
+        self.text, self.sent = "", 0
+        self.called = False
+
+    def advance(self, text: str, finished: bool) -> DeltaMessage:
+        self.text += text
+        if not finished:
+            if self.mode != "auto":
+                return DeltaMessage()
+            safe = len(self.text) - held_back(self.text)
+            piece, self.sent = self.text[self.sent:safe], max(self.sent, safe)
+            return DeltaMessage(content=piece or None)
+        if self.mode == "auto":
+            parsed = parse_tool_calls(self.text, self.req.tools, self.req.parallel_tool_calls is not False)
+            content, calls = parsed.content or "", parsed.tool_calls
+            rest = content[self.sent:] if content.startswith(self.text[:self.sent]) else ""
+        else:
+            rest, calls = "", calls_from_json(self.text, named_tool(self.req))
+        self.called = bool(calls)
+        deltas = [DeltaToolCall(index=i, id=c.id, type="function",
+                                function=DeltaFunctionCall(name=c.function.name, arguments=c.function.arguments))
+                  for i, c in enumerate(calls)]
+        return DeltaMessage(content=rest or None, tool_calls=deltas or None)

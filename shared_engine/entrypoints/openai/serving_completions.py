@@ -1,7 +1,9 @@
 """`POST /v1/completions`: prompts (text, texts, token ids or lists of them) → choices, streamed or not.
 
 `echo` with `max_tokens` 0 scores the prompt: the engine runs one step for the prompt logprobs and the
-sampled token is dropped (`completion_tokens` 0).
+sampled token is dropped (`completion_tokens` 0). With `echo` and `logprobs` k, prompt positions carry
+their top k as generated ones do. `suffix` (insertion) and `best_of` > n (server-side ranking) are not
+served: a 400 names them.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from starlette.responses import JSONResponse, Response
 
 from shared_engine.entrypoints.openai.errors import APIError, bad_request, sse_error
 from shared_engine.entrypoints.openai.generation_run import ClientDisconnected, GenerationRun, Job
-from shared_engine.entrypoints.openai.logprobs import completion_logprobs
+from shared_engine.entrypoints.openai.logprobs import completion_logprobs, prompt_logprobs
 from shared_engine.entrypoints.openai.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from shared_engine.entrypoints.openai.request_limits import check_prompt_count, check_prompt_tokens
-from shared_engine.entrypoints.openai.serving_base import ServingContext, event_stream, new_id, usage
+from shared_engine.entrypoints.openai.serving_base import ServingContext, event_stream, usage
 from shared_engine.entrypoints.openai.streaming import DONE, ChoiceCursor, sse, visible_text
 from shared_engine.outputs import CompletionOutput, RequestOutput
 
@@ -27,7 +29,8 @@ class ServingCompletions:
 
     async def create(self, req: CompletionRequest, request: Request) -> Response:
         ctx = self.ctx
-        ctx.check_model(req.model)
+        lora = ctx.resolve_model(req.model)
+        self._check_unsupported(req)
         scoring = req.max_tokens == 0
         if scoring and not req.echo:
             raise bad_request("max_tokens must be at least 1 (0 is allowed only with echo)", "max_tokens")
@@ -35,8 +38,9 @@ class ServingCompletions:
                                      prompt_logprobs=req.logprobs if req.echo else None)
         prompts = await self._prompts(req.prompt)
         check_prompt_tokens(ctx.server_config, [len(ids) for _, ids in prompts], req.n, "prompt")
-        run = GenerationRun(ctx.async_engine, ctx.metrics, new_id("cmpl"),
-                            [Job(ids, params, text) for text, ids in prompts])
+        salt = ctx.cache_salt(req, request)
+        run = GenerationRun(ctx.async_engine, ctx.metrics, ctx.base_id("cmpl", req),
+                            [Job(ids, params, text, salt, lora) for text, ids in prompts])
         run.start()
         if req.stream:
             return event_stream(self._stream(run, req, prompts, scoring, request))
@@ -49,6 +53,19 @@ class ServingCompletions:
         body = CompletionResponse(id=run.request_ids[0].rsplit("-", 1)[0], model=ctx.model_name,
                                   choices=choices, usage=usage(outputs, count_generated=not scoring))
         return JSONResponse(body.model_dump(mode="json"))
+
+    def _check_unsupported(self, req: CompletionRequest) -> None:
+        if req.suffix:
+            raise bad_request("suffix (insertion) is not supported", "suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise bad_request(f"best_of must equal n ({req.n}): choices are not ranked server-side", "best_of")
+        limit = self.ctx.async_engine.config.model.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(req, name)
+            if value is not None and value > limit:
+                raise bad_request(f"{name} must be between 0 and {limit}, got {value}", name)
+        if req.prompt_logprobs is not None and req.stream:
+            raise bad_request("prompt_logprobs is not supported with stream", "prompt_logprobs")
 
     async def _prompts(self, prompt) -> list[tuple[str | None, list[int]]]:
         """(text or None, token ids) per prompt; the count is checked before anything is tokenised, and
@@ -82,8 +99,10 @@ class ServingCompletions:
 
     def _choice(self, index: int, prompt: tuple[str | None, list[int]], out: RequestOutput,
                 c: CompletionOutput, req: CompletionRequest, scoring: bool, echo: bool,
-                token_range: tuple[int, int] | None = None, text: str | None = None) -> CompletionChoice:
-        """A whole choice, or (streaming) the part given by `text` and `token_range`."""
+                token_range: tuple[int, int] | None = None, text: str | None = None,
+                offset: int = 0) -> CompletionChoice:
+        """A whole choice, or (streaming) the part given by `text` and `token_range`, whose first token's
+        `text_offset` is `offset`."""
         start, end = token_range or (0, len(c.token_ids))
         if scoring:
             start = end = 0
@@ -97,18 +116,23 @@ class ServingCompletions:
             entries = list(out.prompt_logprobs or [None] * len(prompt_ids)) + entries
         logprobs = None
         if req.logprobs is not None and self.ctx.token_text is not None:
-            logprobs = completion_logprobs(self.ctx.token_text, ids, entries, req.logprobs)
+            logprobs = completion_logprobs(self.ctx.token_text, ids, entries, req.logprobs, offset)
         finish = c.finish_reason
         if scoring and finish is not None:
             finish = "length"
-        return CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish,
-                                stop_reason=None if scoring else c.stop_reason)
+        choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish,
+                                  stop_reason=None if scoring else c.stop_reason)
+        if req.prompt_logprobs is not None and self.ctx.token_text is not None:
+            choice.prompt_logprobs = prompt_logprobs(self.ctx.token_text, prompt[1], out.prompt_logprobs,
+                                                     req.prompt_logprobs)
+        return choice
 
     async def _stream(self, run: GenerationRun, req: CompletionRequest, prompts, scoring: bool,
                       request: Request):
         ctx = self.ctx
         base_id, created = run.request_ids[0].rsplit("-", 1)[0], int(time.time())
         cursors: dict[tuple[int, int], ChoiceCursor] = {}
+        offsets: dict[tuple[int, int], int] = {}  # text_offset of each choice's next token
         finals: dict[int, RequestOutput] = {}
         async with run.abort_on_disconnect(request):
             try:
@@ -123,7 +147,9 @@ class ServingCompletions:
                         choice = self._choice(pi * req.n + c.index, prompts[pi], out, c, req, scoring,
                                               echo=bool(req.echo) and first,
                                               token_range=(delta.token_start, delta.token_end),
-                                              text=delta.text)
+                                              text=delta.text, offset=offsets.get((pi, c.index), 0))
+                        if choice.logprobs is not None and choice.logprobs.tokens:
+                            offsets[(pi, c.index)] = choice.logprobs.text_offset[-1] + len(choice.logprobs.tokens[-1])
                         yield sse(CompletionResponse(id=base_id, created=created, model=ctx.model_name,
                                                      choices=[choice]))
             except ClientDisconnected:

@@ -14,7 +14,9 @@ computed for the whole batch as two dense matmuls over all slots, masked per tok
 Every shape is static, with no host sync and no data-dependent control flow, so the same code runs on the
 CPU and inside CUDA graphs (the slot map lives in `LoRAContext`'s fixed buffers, refilled before each
 step). The cost is that of all `max_loras` slots whichever adapters the step uses (Punica's BGMV/SGMV
-kernels, Chen et al. 2023, https://arxiv.org/abs/2310.18547, read only the used ones).
+kernels, Chen et al. 2023, https://arxiv.org/abs/2310.18547, read only the used ones). On CUDA the layers
+use those kernels instead (kernels/lora_bgmv.py: per-token shrink/expand reading each token's own slot,
+mixed ranks via `LoRAContext.slot_ranks`), with the same fixed buffers, so they are captured in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ class LoRAContext:
         self.slot_mask = torch.zeros(max_num_tokens, max_loras, dtype=dtype, device=device)
         self._token_slots = torch.full((max_num_tokens,), -1, dtype=torch.int64, device=device)
         self._slot_ids = torch.arange(max_loras, device=device)
+        self.slot_ranks = torch.zeros(max_loras, dtype=torch.int32, device=device)  # rank of each slot's adapter
+        self.use_kernels = torch.device(device).type == "cuda"
         self.active = False
+
+    @property
+    def token_slots(self) -> torch.Tensor:
+        """[max_num_tokens] int64: each token's slot (-1: base model and padding)."""
+        return self._token_slots
 
     def set_token_slots(self, token_slots: torch.Tensor) -> None:
         """`token_slots` [num_tokens] int64 (slot of each token, -1 = base) → the fixed mask buffer."""
@@ -77,11 +86,26 @@ class LoRAProjection(nn.Module):
             return out
         num_tokens = x.shape[0]
         slots, rank = self.ctx.max_loras, self.max_rank
+        if self.ctx.use_kernels:
+            return self._forward_kernels(x, out)
         shrink = (x @ self.lora_a.t()).view(num_tokens, len(self.out_sizes), slots, rank)
         shrink = shrink * self.ctx.slot_mask[:num_tokens, None, :, None]
         offset = 0
         for i, size in enumerate(self.out_sizes):
             out[:, offset : offset + size] += shrink[:, i].reshape(num_tokens, slots * rank) @ self.lora_b(i)
+            offset += size
+        return out
+
+    def _forward_kernels(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        from kernels.lora_bgmv import lora_expand, lora_shrink
+
+        slots, rank, ctx = self.ctx.max_loras, self.max_rank, self.ctx
+        a = self.lora_a.view(len(self.out_sizes), slots, rank, -1)
+        offset = 0
+        for i, size in enumerate(self.out_sizes):
+            shrunk = lora_shrink(x, a[i], ctx.token_slots, ctx.slot_ranks)  # [num_tokens, rank] fp32
+            lora_expand(out[:, offset : offset + size], shrunk, self.lora_b(i).view(slots, rank, size),
+                        ctx.token_slots, ctx.slot_ranks)
             offset += size
         return out
 

@@ -16,8 +16,16 @@ from shared_engine.model_arch import ModelArch
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
 from shared_engine.model_executor.layers.activation import silu_and_mul
 from shared_engine.model_executor.layers.lora import LoRAContext, LoRAProjection
+from shared_engine.model_executor.layers.parallel_linear import (
+    down_parallel_linear,
+    gate_up_parallel_linear,
+    local_head_partition,
+    o_parallel_linear,
+    qkv_parallel_linear,
+)
 from shared_engine.model_executor.layers.rms_norm import RMSNorm
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
+from shared_engine.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
 # Hugging Face name fragment → (our fused parameter, shard index)
 _FUSED = {
@@ -32,11 +40,14 @@ _FUSED = {
 class LlamaAttention(nn.Module):
     def __init__(self, arch: ModelArch, rotary: RotaryEmbedding) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        part = local_head_partition(arch.num_heads, arch.num_kv_heads)  # this rank's heads (all at TP=1)
+        self.num_heads, self.num_kv_heads, self.head_dim = part.num_heads, part.num_kv_heads, arch.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=False)
+        self.qkv_proj = qkv_parallel_linear(arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim, part,
+                                            arch.attention_bias)
+        # o_proj sums the ranks' partial outputs (one all-reduce per attention block)
+        self.o_proj = o_parallel_linear(arch.num_heads, arch.head_dim, part, arch.hidden_size)
         self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.rotary = rotary
@@ -65,8 +76,8 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.gate_up_proj = gate_up_parallel_linear(arch.hidden_size, arch.intermediate_size)
+        self.down_proj = down_parallel_linear(arch.intermediate_size, arch.hidden_size)  # all-reduces
         self.gate_up_lora: LoRAProjection | None = None  # gate, up slices (enable_lora)
         self.down_lora: LoRAProjection | None = None
 
@@ -100,7 +111,7 @@ class LlamaModel(nn.Module):
     def __init__(self, arch: ModelArch, max_position: int) -> None:
         super().__init__()
         rotary = RotaryEmbedding(arch.head_dim, max_position, arch.rope_theta, arch.rope_scaling)
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(arch, rotary) for _ in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
@@ -113,7 +124,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.model = LlamaModel(arch, max_position)
-        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(arch.hidden_size, arch.vocab_size)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -170,11 +181,18 @@ class LlamaForCausalLM(nn.Module):
             target, shard = self._target(name)
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no parameter in {self.arch.architecture}")
-            param = params[target]
-            dest = param.data if shard is None else self._shard(param.data, target, shard)
-            if dest.shape != tensor.shape:
-                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != parameter {tuple(dest.shape)}")
-            dest.copy_(tensor)
+            module_name, _, param_name = target.rpartition(".")
+            load_shard = getattr(self.get_submodule(module_name), "load_shard", None)
+            if load_shard is not None:  # tensor-parallel layers take their rank's slice
+                try:
+                    load_shard(param_name, tensor, shard)
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from exc
+            elif params[target].shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != parameter "
+                                 f"{tuple(params[target].shape)}")
+            else:
+                params[target].data.copy_(tensor)
             loaded.add(target)
         return loaded
 
@@ -184,11 +202,3 @@ class LlamaForCausalLM(nn.Module):
             if f".{fragment}." in name:
                 return name.replace(fragment, fused), shard
         return name, None
-
-    def _shard(self, data: torch.Tensor, target: str, shard: int) -> torch.Tensor:
-        if "qkv_proj" in target:
-            a = self.arch
-            sizes = [a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.head_dim]
-        else:
-            sizes = [self.arch.intermediate_size] * 2
-        return data.split(sizes, dim=0)[shard]

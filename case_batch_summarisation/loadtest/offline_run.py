@@ -1,0 +1,169 @@
+"""The fix measured offline (MLPerf offline style: every ticket queued at once) through `run_batch`, with the
+workload's roofline on CUDA. The same script runs the CPU check and the H200 run.
+
+    # this CPU (tickets scaled down, see the README):
+    python case_batch_summarisation/loadtest/offline_run.py --num-tickets 200 --median-tokens 60 \\
+        --max-ticket-tokens 600 --config case_batch_summarisation/the_fix/config_cpu.yaml --out X.json
+    # H200 (llama-3.1-8b shapes, dummy weights, SmolLM2's tokenizer and chat template for the text):
+    python case_batch_summarisation/loadtest/offline_run.py --model llama-3.1-8b --load-format dummy \\
+        --tokenizer DIR --fixed-output --num-tickets 20000 --time-budget-s 120 --roofline --out X.json
+
+A warm-up batch (`--warmup-tickets`, other tickets) runs first: it compiles kernels and captures CUDA graphs,
+and its rate sizes the main run: with `--time-budget-s`, the main run takes
+min(--num-tickets, warm-up rate x budget) tickets (the device call has a hard limit; the results file says
+how many ran and why). `--fixed-output` (dummy weights): each summary is 100-150 tokens (`ignore_eos`).
+
+Roofline (benchmarks/roofline.py, `offline_roofline`): the device's measured copy bandwidth and bf16 matmul
+rate; prompt tokens served from the prefix cache are not computed, so the bound is taken at the computed
+prompt tokens per ticket (`prefill_tokens / tickets`); `prefill_compute_bound_s` is the prefill's matmul +
+attention FLOPs alone over the matmul rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.env_info import environment  # noqa: E402
+from case_batch_summarisation.tickets.generator import TicketSpec, generate, write  # noqa: E402
+
+
+def build_llm(args):
+    import yaml
+
+    from shared_engine import LLM
+
+    settings = yaml.safe_load(Path(args.config).read_text()) or {}
+    for key in ("load_format", "tokenizer", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
+        if getattr(args, key, None) is not None:
+            settings[key] = getattr(args, key)
+    name = settings.pop("served_model_name", "ticket-summariser")
+    return LLM(args.model, **settings), name, settings
+
+
+def night(path: Path, args, n: int, start: int) -> Path:
+    spec = TicketSpec(median_tokens=args.median_tokens, sigma=args.sigma, max_tokens=args.max_ticket_tokens)
+    write(path, generate(n, args.seed + start, spec, fixed_output=args.fixed_output, start=start))
+    return path
+
+
+def prefill_compute_s(arch, prompt_tokens_per_ticket: float, cached_per_ticket: float, tickets: int,
+                      matmul_flops: float) -> float:
+    """Matmul + attention FLOPs of the computed prompt tokens (each attends to the cached prefix too)."""
+    new = prompt_tokens_per_ticket - cached_per_ticket
+    pairs = new * cached_per_ticket + new * new / 2
+    flops = tickets * (2 * arch.num_parameters * new + 4 * arch.num_layers * arch.num_heads * arch.head_dim * pairs)
+    return flops / matmul_flops
+
+
+def roofline(llm, summary, tickets: int, ceilings: dict) -> dict:
+    from benchmarks.roofline import offline_roofline
+
+    engine = llm.engine
+    per_in = summary.prefill_tokens / tickets
+    bound = offline_roofline(engine.source.arch, engine.runner.dtype_name, tickets, per_in,
+                             summary.completion_tokens / tickets,
+                             engine.block_manager.num_blocks * engine.block_manager.block_size,
+                             engine.config.scheduler.max_num_seqs, ceilings["copy_bandwidth_bytes_per_s"],
+                             ceilings["matmul_bf16_flops_per_s"])
+    pre_s = prefill_compute_s(engine.source.arch, summary.prompt_tokens / tickets,
+                              summary.cached_prompt_tokens / tickets, tickets, ceilings["matmul_bf16_flops_per_s"])
+    return {**ceilings, **bound, "prompt_tokens_per_ticket_in_bound": per_in, "prefill_compute_bound_s": pre_s,
+            "fraction_of_roofline": bound["bound_time_s"] / summary.elapsed_s,
+            "fraction_of_prefill_compute_bound": pre_s / summary.elapsed_s}
+
+
+def roofline_rate(llm, warm, ceilings: dict, efficiency: float, tickets: int = 10_000) -> float:
+    """Tickets/s at `efficiency` x the roofline of `tickets` tickets shaped like the warm-up's: a cap on the
+    main run's size that does not trust a small warm-up batch's rate (it has no KV-pool limit yet)."""
+    rl = roofline(llm, warm, warm.num_rows, ceilings)
+    from benchmarks.roofline import offline_roofline
+
+    engine = llm.engine
+    bound = offline_roofline(engine.source.arch, engine.runner.dtype_name, tickets,
+                             rl["prompt_tokens_per_ticket_in_bound"], warm.completion_tokens / warm.num_rows,
+                             engine.block_manager.num_blocks * engine.block_manager.block_size,
+                             engine.config.scheduler.max_num_seqs, ceilings["copy_bandwidth_bytes_per_s"],
+                             ceilings["matmul_bf16_flops_per_s"])
+    return efficiency * tickets / bound["bound_time_s"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None)
+    p.add_argument("--load-format", default=None)
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--config", type=Path, default=ROOT / "case_batch_summarisation" / "the_fix" / "config.yaml")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--kv-cache-memory", type=int, default=None)
+    p.add_argument("--num-tickets", type=int, default=20000)
+    p.add_argument("--warmup-tickets", type=int, default=300)
+    p.add_argument("--time-budget-s", type=float, default=None, help="size the main run to fit this")
+    p.add_argument("--median-tokens", type=float, default=600.0)
+    p.add_argument("--sigma", type=float, default=0.7)
+    p.add_argument("--max-ticket-tokens", type=int, default=6000)
+    p.add_argument("--fixed-output", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--roofline", action="store_true")
+    p.add_argument("--assumed-efficiency", type=float, default=0.55,
+                   help="with --roofline and --time-budget-s: size the main run as if it ran at this share of "
+                   "the roofline, when that gives fewer tickets than the warm-up's rate")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    from shared_engine.entrypoints.batch.run_batch import run_batch
+
+    t0 = time.perf_counter()
+    llm, name, settings = build_llm(args)
+    tmp = Path(tempfile.mkdtemp(prefix="batch_offline_"))
+    results = {"benchmark": "batch_offline", **environment(), "command": " ".join(sys.argv),
+               "engine_config": llm.engine.config.to_flat(), "model": llm.engine.source.name,
+               "startup_s": time.perf_counter() - t0}
+    warm = run_batch(llm, night(tmp / "warm.jsonl", args, args.warmup_tickets, 10_000_000), tmp / "warm_out.jsonl",
+                     name, use_tqdm=False)
+    results["warmup"] = warm.as_dict()
+    import torch
+
+    ceilings = None
+    if args.roofline and torch.cuda.is_available():
+        from benchmarks.roofline import measure_device_ceilings
+
+        ceilings = measure_device_ceilings()
+    n, rate = args.num_tickets, warm.rows_per_s
+    if ceilings is not None:
+        rate = min(rate, roofline_rate(llm, warm, ceilings, args.assumed_efficiency))
+    if args.time_budget_s:
+        n = max(args.warmup_tickets, min(n, int(rate * args.time_budget_s)))
+    results["workload"] = {"num_tickets_asked": args.num_tickets, "num_tickets": n,
+                           "sized_by_time_budget_s": args.time_budget_s if n < args.num_tickets else None,
+                           "sizing_rate_tickets_per_s": rate,
+                           "median_tokens": args.median_tokens, "sigma": args.sigma,
+                           "max_ticket_tokens": args.max_ticket_tokens, "fixed_output": args.fixed_output,
+                           "seed": args.seed}
+    print(f"warm-up {warm.num_rows} tickets: {warm.rows_per_s:.1f} tickets/s; main run: {n} tickets", flush=True)
+    summary = run_batch(llm, night(tmp / "night.jsonl", args, n, 0), tmp / "out.jsonl", name, use_tqdm=True)
+    results["run"] = s = summary.as_dict()
+    results["scheduler"] = {"num_preemptions": llm.engine.scheduler.num_preemptions_total,
+                            "kv_pool_tokens": llm.engine.block_manager.num_blocks * llm.engine.block_manager.block_size}
+    print(f"{s['num_rows']} tickets in {s['elapsed_s']:.1f} s: {s['rows_per_s']:.1f} tickets/s, "
+          f"{s['output_tokens_per_s']:.0f} output tok/s, {s['prefill_tokens_per_s']:.0f} prefill tok/s, "
+          f"prefix hit rate {100 * s['prefix_cache_hit_rate']:.1f}%", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    if ceilings is not None:
+        results["roofline"] = rl = roofline(llm, summary, n, ceilings)
+        print(f"roofline {rl['bound_time_s']:.1f} s ({rl['bound']}-bound): {100 * rl['fraction_of_roofline']:.1f}%; "
+              f"prefill compute alone {rl['prefill_compute_bound_s']:.1f} s", flush=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Multi-LoRA cost on one GPU: throughput with many adapters against the base model, in one run.
+
+Workload: --num-requests requests of random token ids (--input-len in, --output-len out, ignore_eos, greedy),
+offline through `LLM.generate`. Runs, each timed after a warm-up that loads every adapter into the CPU
+cache and a GPU slot:
+  base      the engine without LoRA (enable_lora off);
+  lora_base the LoRA engine, every request on the base model (the cost of the LoRA layers alone);
+  r16x30    30 distinct rank-16 adapters, request i on adapter i % 30 (uniform);
+  mixed     30 adapters of ranks 8, 16 and 64 (10 each), request i on adapter i % 30;
+plus batch-1 inter-token latency (one request, --itl-tokens out) on the base engine and on one rank-16
+adapter, and the time to bring a rank-16 adapter from the CPU cache into a GPU slot (synchronised).
+Adapters are random (scripts/make_adapters.py random: q/k/v/o, lora_alpha 2r, bf16). Results JSON records
+hardware, model, config and commit; it is rewritten after every run, so a run cut short keeps what it did.
+
+    python scripts/bench_lora.py --out benchmarks/results/lora_h200_llama8b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.env_info import environment  # noqa: E402
+from scripts.make_adapters import random_adapters  # noqa: E402
+
+
+def timed_generate(llm, prompts, params, loras=None) -> float:
+    started = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
+    return time.perf_counter() - started
+
+
+def itl_ms(llm, prompt, n: int, lora=None) -> float:
+    """Batch-1 time per output token after the first, in ms (two runs: n+1 tokens minus 1 token)."""
+    from shared_engine import SamplingParams
+
+    long = min(timed_generate(llm, [prompt], SamplingParams(temperature=0, max_tokens=n + 1, ignore_eos=True), lora)
+               for _ in range(2))
+    short = min(timed_generate(llm, [prompt], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True), lora)
+                for _ in range(2))
+    return (long - short) / n * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--num-requests", type=int, default=240)
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--itl-tokens", type=int, default=64)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--adapter-dir", type=Path, default=Path("/tmp/lora_bench_adapters"))
+    p.add_argument("--targets", nargs="+", default=["q_proj", "k_proj", "v_proj", "o_proj"])
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+
+    import torch
+
+    from shared_engine import LLM, LoRARequest, SamplingParams
+
+    rng = random.Random(0)
+    prompts = [[rng.randint(100, 10000) for _ in range(args.input_len)] for _ in range(args.num_requests)]
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    tokens = args.num_requests * args.output_len
+    started = time.perf_counter()
+    paths = {r: random_adapters(args.model, [r], 30 if r == 16 else 10, args.adapter_dir, args.targets)
+             for r in (8, 16, 64)}
+    results = {"benchmark": "lora", "environment": environment(), "command": " ".join(sys.argv),
+               "workload": {"num_requests": args.num_requests, "input_len": args.input_len,
+                            "output_len": args.output_len, "adapter_targets": args.targets,
+                            "adapter_write_seconds": round(time.perf_counter() - started, 1)}, "runs": {}}
+
+    def save() -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))
+
+    common = dict(load_format="dummy", max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                  gpu_memory_utilization=0.8)
+    llm = LLM(args.model, **common)
+    llm.generate(prompts[:8], SamplingParams(max_tokens=4), use_tqdm=False)
+    seconds = timed_generate(llm, prompts, params)
+    results["runs"]["base"] = {"seconds": round(seconds, 3), "output_tok_s": round(tokens / seconds, 1)}
+    results["itl_ms"] = {"base": round(itl_ms(llm, prompts[0], args.itl_tokens), 3)}
+    save()
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+    lora_cfg = dict(enable_lora=True, max_loras=32, max_lora_rank=64, max_cpu_loras=64)
+    llm = LLM(args.model, **common, **lora_cfg)
+    results["engine_config"] = {**common, **lora_cfg}
+    ids = iter(range(1, 1000))
+    r16 = [LoRARequest(f"r16-{i}", next(ids), str(path)) for i, path in enumerate(paths[16])]
+    mixed = [LoRARequest(f"mix-{i}", next(ids), str(path))
+             for i, path in enumerate(paths[8] + paths[16][:10] + paths[64])]
+    for name, loras in [("lora_base", None), ("r16x30", r16), ("mixed_8_16_64", mixed)]:
+        per_request = None if loras is None else [loras[i % len(loras)] for i in range(args.num_requests)]
+        warm = [prompts[i % len(prompts)] for i in range(len(loras or [0]))]
+        llm.generate(warm, SamplingParams(max_tokens=2), use_tqdm=False, lora_request=loras)
+        seconds = timed_generate(llm, prompts, params, per_request)
+        results["runs"][name] = {"seconds": round(seconds, 3), "output_tok_s": round(tokens / seconds, 1),
+                                 "vs_base": round(results["runs"]["base"]["seconds"] / seconds, 4)}
+        save()
+    results["itl_ms"]["lora_r16"] = round(itl_ms(llm, prompts[0], args.itl_tokens, r16[0]), 3)
+    results["itl_ms"]["lora_engine_base"] = round(itl_ms(llm, prompts[0], args.itl_tokens), 3)
+    results["itl_ms"]["r16_overhead_vs_base"] = round(results["itl_ms"]["lora_r16"] / results["itl_ms"]["base"] - 1, 4)
+    manager = llm.engine.runner.lora
+    adapter = manager._cpu[r16[0].cache_key]
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    times = []
+    for _ in range(5):
+        sync()
+        t0 = time.perf_counter()
+        manager._write_slot(31, adapter)
+        sync()
+        times.append(time.perf_counter() - t0)
+    results["slot_load_ms_rank16"] = {"min": round(min(times) * 1e3, 2), "median": round(sorted(times)[2] * 1e3, 2),
+                                      "adapter_bytes_fp32_cpu": adapter.num_bytes}
+    results["num_slot_loads"] = manager.num_slot_loads
+    save()
+    print(json.dumps(results["runs"], indent=2), json.dumps(results["itl_ms"]), results["slot_load_ms_rank16"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Speculative decoding benchmarks: acceptance and speed-up against speculation off, in one engine per run.
+
+`--workload code` (CPU, default model): code editing built from this repository's own source files (a file
+in the prompt, then a request to return it with one change); every request alone (batch 1), greedy, with
+speculation off, `ngram` and `suffix` (policy `always`, k = --k). Reports acceptance (accepted / drafted
+tokens), mean accepted length and the batch-1 speed-up (off time / on time for the same tokens).
+
+`--workload replay` (GPU, dummy weights; BENCHMARK-ONLY PROPOSER): dummy weights accept nothing a real
+proposer drafts, so the speculative step is measured with `replay`, which drafts the target's own greedy
+continuation (recorded by the run with speculation off) with each token right with probability
+--acceptance (spec_decode/replay_proposer.py). Batch-1 ITL at each acceptance x k, and throughput of
+--batch-sizes requests of --input-len / --output-len tokens with the auto policy against speculation off.
+
+    python scripts/bench_spec_decode.py --workload code --out benchmarks/results/spec_decode_cpu_code.json
+    python scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b --load-format dummy \\
+        --out benchmarks/results/spec_decode_h200_replay.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.env_info import environment  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+EDITS = [("shared_engine/core/block_hash.py", "hash_block", "chain_hash"),
+         ("shared_engine/config/validation.py", "check_range", "require_range"),
+         ("shared_engine/sampling/penalties.py", "apply_penalties", "penalise"),
+         ("kernels/silu_and_mul.py", "silu_and_mul", "swiglu")]
+
+
+def code_prompts(chars: int) -> list[str]:
+    prompts = []
+    for path, old, new in EDITS:
+        text = (REPO / path).read_text()[:chars]
+        prompts.append(f"<|im_start|>user\nHere is a Python file:\n```python\n{text}\n```\nReturn the whole file "
+                       f"unchanged except that `{old}` is renamed to `{new}`.<|im_end|>\n<|im_start|>assistant\n"
+                       f"```python\n")
+    return prompts
+
+
+def timed_requests(llm, prompts, params) -> tuple[float, int, list]:
+    """Each prompt alone (batch 1): seconds, output tokens, outputs."""
+    seconds, tokens, outs = 0.0, 0, []
+    for prompt in prompts:
+        started = time.perf_counter()
+        out = llm.generate(prompt, params, use_tqdm=False)[0]
+        seconds += time.perf_counter() - started
+        tokens += len(out.outputs[0].token_ids)
+        outs.append(out.outputs[0].token_ids)
+    return seconds, tokens, outs
+
+
+def spec_counts(engine) -> tuple[int, int, int]:
+    s = engine.stats.spec
+    return s.num_drafts_total, s.num_draft_tokens_total, s.num_accepted_tokens_total
+
+
+def code_workload(args) -> dict:
+    from shared_engine import LLM, SamplingParams
+
+    prompts = code_prompts(args.file_chars)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len)
+    runs = {}
+    for method in ("ngram", "suffix"):
+        llm = LLM(args.model, max_model_len=2048, speculative_config={
+            "method": method, "num_speculative_tokens": args.k, "policy": "always"})
+        engine, spec = llm.engine, llm.engine.spec
+        llm.generate("warm up", SamplingParams(max_tokens=4), use_tqdm=False)
+        engine.spec = None
+        off_s, off_tokens, off_outs = timed_requests(llm, prompts, params)
+        engine.spec = spec
+        before = spec_counts(engine)
+        on_s, on_tokens, on_outs = timed_requests(llm, prompts, params)
+        drafts, drafted, accepted = (a - b for a, b in zip(spec_counts(engine), before))
+        assert on_outs == off_outs, "greedy outputs must not change"
+        runs[method] = {"off_seconds": off_s, "on_seconds": on_s, "output_tokens": on_tokens,
+                        "off_ms_per_token": 1e3 * off_s / off_tokens, "on_ms_per_token": 1e3 * on_s / on_tokens,
+                        "speedup_batch1": off_s / on_s, "acceptance_rate": accepted / max(drafted, 1),
+                        "mean_acceptance_length": 1 + accepted / max(drafts, 1), "num_draft_tokens": drafted,
+                        "engine_config": engine.config.to_flat()}
+        print(method, json.dumps({k: v for k, v in runs[method].items() if k != "engine_config"}), flush=True)
+        del llm, engine, spec
+    return {"workload": "code editing: a file of this repo in the prompt, return it with one rename",
+            "files": [e[0] for e in EDITS], "file_chars": args.file_chars, "output_len": args.output_len,
+            "k": args.k, "policy": "always", "runs": runs}
+
+
+def _generate(llm, prompts, out_len):
+    from shared_engine import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
+    started = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    itl = [(o.metrics.last_token_time - o.metrics.first_token_time) / (len(o.outputs[0].token_ids) - 1) for o in outs]
+    return elapsed, tokens, sorted(itl)[len(itl) // 2], [o.outputs[0].token_ids for o in outs]
+
+
+def replay_workload(args) -> dict:
+    from shared_engine import LLM
+    from shared_engine.spec_decode.policy import make_policy
+
+    llm = LLM(args.model, load_format=args.load_format, max_model_len=args.input_len + args.output_len + 64,
+              max_num_seqs=max(args.batch_sizes), speculative_config={
+                  "method": "replay", "num_speculative_tokens": max(args.ks), "policy": "always"})
+    engine, spec = llm.engine, llm.engine.spec
+    rng = random.Random(0)
+    _generate(llm, [[rng.randint(100, 10000) for _ in range(16)]], 8)  # warm-up
+    base = engine.config.speculative_config
+    results = {"batch1": [], "throughput": []}
+    prompt = [[rng.randint(100, 10000) for _ in range(args.input_len)]]
+    engine.spec = None
+    off_s, _, off_itl, truth = _generate(llm, prompt, args.output_len)
+    spec.proposer.record(prompt[0], truth[0])
+    results["batch1"].append({"speculation": "off", "median_itl_ms": 1e3 * off_itl})
+    engine.spec = spec
+    for a in args.acceptance:
+        for k in args.ks:
+            spec.proposer.acceptance_rate = a
+            spec.policy = make_policy(dataclasses.replace(base, num_speculative_tokens=k, policy="always"))
+            before = spec_counts(engine)
+            _, _, itl, outs = _generate(llm, prompt, args.output_len)
+            assert outs == truth, "greedy outputs must not change"
+            drafts, drafted, accepted = (x - y for x, y in zip(spec_counts(engine), before))
+            results["batch1"].append({"speculation": "replay", "draft_token_probability": a, "k": k,
+                                      "median_itl_ms": 1e3 * itl, "speedup": off_itl / itl,
+                                      "acceptance_rate": accepted / max(drafted, 1),
+                                      "mean_acceptance_length": 1 + accepted / max(drafts, 1)})
+            print(json.dumps(results["batch1"][-1]), flush=True)
+    for batch in args.batch_sizes:
+        prompts = [[rng.randint(100, 10000) for _ in range(args.input_len)] for _ in range(batch)]
+        engine.spec = None
+        off_s, tokens, _, truth = _generate(llm, prompts, args.output_len)
+        engine.spec = spec
+        for p, t in zip(prompts, truth):
+            spec.proposer.record(p, t)
+        spec.proposer.acceptance_rate = args.throughput_acceptance
+        spec.policy = make_policy(dataclasses.replace(base, num_speculative_tokens=max(args.ks), policy="auto"))
+        before = spec_counts(engine)
+        on_s, _, _, outs = _generate(llm, prompts, args.output_len)
+        drafts, drafted, accepted = (x - y for x, y in zip(spec_counts(engine), before))
+        results["throughput"].append({"batch": batch, "off_tokens_per_s": tokens / off_s,
+                                      "auto_policy_tokens_per_s": tokens / on_s, "ratio": off_s / on_s,
+                                      "draft_token_probability": args.throughput_acceptance,
+                                      "num_draft_tokens": drafted, "acceptance_rate": accepted / max(drafted, 1),
+                                      "greedy_outputs_equal": outs == truth,
+                                      "policy_fit_c0_c1_c2": spec.policy.step_time()})
+        print(json.dumps(results["throughput"][-1]), flush=True)
+    return {"workload": "random token prompts, greedy, ignore_eos", "input_len": args.input_len,
+            "output_len": args.output_len, "proposer": "replay (BENCHMARK ONLY: drafts the target's recorded "
+            "greedy continuation, each token right with the given probability; not a real proposer)",
+            "engine_config": engine.config.to_flat(), "results": results}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=["code", "replay"], required=True)
+    p.add_argument("--model", default=None)
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--ks", type=int, nargs="+", default=[3, 5])
+    p.add_argument("--acceptance", type=float, nargs="+", default=[0.6, 0.8])
+    p.add_argument("--throughput-acceptance", type=float, default=0.8)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256, 448])
+    p.add_argument("--input-len", type=int, default=1000)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--file-chars", type=int, default=1500)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    started = time.time()
+    body = code_workload(args) if args.workload == "code" else replay_workload(args)
+    results = {"benchmark": f"spec_decode_{args.workload}", **environment(), "command": " ".join(sys.argv),
+               "model": args.model or "SmolLM2-135M-Instruct (default)", "load_format": args.load_format,
+               "wall_seconds": time.time() - started, **body}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1, default=str))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

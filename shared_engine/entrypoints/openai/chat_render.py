@@ -1,0 +1,44 @@
+"""Chat messages → prompt token ids, with the tokenizer's own chat template.
+
+The `developer` role (OpenAI's newer name for instructions) is rendered as `system`; text content parts are
+joined; any other part type (`image_url`, `input_audio`, `file`) is a 400 naming it, since this server
+serves text models; assistant `tool_calls` and `tools` are rendered as tool_calls.py describes.
+"""
+
+from __future__ import annotations
+
+from shared_engine.engine.tokenizer import apply_chat_template
+from shared_engine.entrypoints.openai.errors import bad_request
+from shared_engine.entrypoints.openai.protocol import ChatMessage
+from shared_engine.entrypoints.openai.protocol_tools import Tool
+from shared_engine.entrypoints.openai.tool_calls import with_tools
+
+_ROLES = {"developer": "system"}
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as the chat template expects them. Raises `APIError` 400 for a non-text content part."""
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if part.type != "text":
+                    raise bad_request(f"content parts of type `{part.type}` are not supported (this model reads "
+                                      "text only)", f"messages.{i}.content.{j}.type")
+            content = "".join(part.text or "" for part in content)
+        message = {"role": _ROLES.get(m.role, m.role), "content": content or ""}
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        out.append(message)
+    return out
+
+
+def render_chat(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                tools: list[Tool] | None = None) -> list[int]:
+    """Prompt token ids. Raises `APIError` 400 when the template rejects the conversation."""
+    dicts, template_tools = with_tools(message_dicts(messages), tools, [m.tool_calls for m in messages], tokenizer)
+    try:
+        return apply_chat_template(tokenizer, dicts, add_generation_prompt, tools=template_tools)
+    except Exception as e:  # noqa: BLE001 - a template error comes from the client's messages
+        raise bad_request(f"could not apply the chat template: {e}", "messages") from e

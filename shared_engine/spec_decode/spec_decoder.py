@@ -1,0 +1,45 @@
+"""`SpecDecoder`: before each step, asks the policy how far to speculate and the proposer for drafts, and
+leaves them on the requests (`Request.draft_token_ids`) for the scheduler."""
+
+from __future__ import annotations
+
+from shared_engine.spec_decode.policy import make_policy
+from shared_engine.spec_decode.registry import build_proposer
+
+
+class SpecDecoder:
+    def __init__(self, config, max_model_len: int, **context) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.proposer = build_proposer(config, **context)
+        self.policy = make_policy(config)
+
+    @property
+    def draft_probs(self):
+        return self.proposer.draft_probs
+
+    def wants_drafts(self, num_running: int) -> bool:
+        """Whether the next step may speculate (the async stepper then resolves the step in flight first)."""
+        return self.policy.max_drafts(num_running) > 0
+
+    def propose(self, running: list) -> None:
+        """Set the drafts of every running request whose last token is known and that decodes next."""
+        eligible = [r for r in running
+                    if r.num_remaining_tokens == 1 and r.output_token_ids and r.output_token_ids[-1] >= 0]
+        if not eligible:
+            return
+        ks = self.policy.num_drafts(eligible, len(running))
+        caps = [min(k, r.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens)
+                for r, k in zip(eligible, ks)]
+        for request, drafts in zip(eligible, self.proposer.propose(eligible, caps)):
+            request.draft_token_ids = drafts
+
+    def on_step(self, out, seconds: float) -> None:
+        """A step's (`SchedulerOutput`) measured cost, for the policy's step-time model."""
+        self.policy.observe_step(out.num_batched_tokens, out.has_drafts, seconds)
+
+    def on_finished(self, request) -> None:
+        self.proposer.on_finished(request)
+
+    def release(self, request_id: str) -> None:
+        self.proposer.release(request_id)

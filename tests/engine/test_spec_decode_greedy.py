@@ -1,0 +1,133 @@
+"""Speculative decoding changes nothing but speed: greedy outputs (token ids, text, finish reasons, stop
+reasons, logprobs, cached tokens, token counts) equal speculation off for n-gram drafting, in one mixed batch
+(penalties, min_tokens, n=2, logprobs, max_tokens 1..18 with k=5, stop strings and stop ids inside accepted
+runs), with and without prefix caching, on the second call of the same prompts too, streamed and not."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared_engine import LLM
+from tests.engine.spec_cases import NUMBERS, greedy, mixed_batch, prompts
+
+K = 5
+NGRAM = {"method": "ngram", "num_speculative_tokens": K, "policy": "always"}
+SUFFIX = {"method": "suffix", "num_speculative_tokens": K, "policy": "always"}
+COMMON = {"max_model_len": 512, "kv_cache_memory": 160 * 2**20}
+
+
+def _run(llm: LLM, cases):
+    return llm.generate([p for _, p, _ in cases], [s for _, _, s in cases], use_tqdm=False)
+
+
+def _summary(output):
+    return [(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in output.outputs]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    cases = mixed_batch()
+    engines = {"off": LLM(**COMMON), "on": LLM(**COMMON, speculative_config=NGRAM),
+               "suffix": LLM(**COMMON, speculative_config=SUFFIX),
+               "on_no_cache": LLM(**COMMON, enable_prefix_caching=False, speculative_config=NGRAM)}
+    results = {name: _run(llm, cases) for name, llm in engines.items() if name != "on_no_cache"}
+    results["on_no_cache"] = _run(engines["on_no_cache"], cases[:len(prompts())])  # the plain prompts
+    again = [(f"again{i}", p, greedy()) for i, p in enumerate(prompts()[::2])]
+    second = {name: _run(engines[name], again) for name in ("off", "on", "suffix")}
+    return cases, engines, results, second
+
+
+@pytest.mark.parametrize("engine", ["on", "suffix", "on_no_cache"])
+def test_greedy_identity_mixed_batch(runs, engine):
+    cases, _, results, _ = runs
+    for (case, _, _), off, on in zip(cases, results["off"], results[engine]):
+        assert _summary(on) == _summary(off), case
+
+
+@pytest.mark.parametrize("engine", ["on", "suffix"])
+def test_speculation_was_exercised(runs, engine):
+    cases, engines, results, _ = runs
+    spec = engines[engine].engine.stats.spec
+    assert spec.num_accepted_tokens_total > 100 and spec.num_draft_tokens_total > spec.num_accepted_tokens_total
+    by_case = {case: out for (case, _, _), out in zip(cases, results[engine])}
+    # the stops fall inside NUMBERS' accepted runs: "4," is followed by " 5, 1, ..." that was drafted too
+    stopped = by_case["stop_str"].outputs[0]
+    assert stopped.text.endswith("3, ") and stopped.finish_reason == "stop"
+    assert by_case["stop_str_kept"].outputs[0].text.endswith("4,")
+    assert by_case["stop_id"].outputs[0].token_ids[-1] == 37 and by_case["stop_id"].outputs[0].stop_reason == 37
+    for m in range(1, 19):
+        assert len(by_case[f"max{m}"].outputs[0].token_ids) == m
+
+
+@pytest.mark.parametrize("engine", ["on", "suffix"])
+def test_logprobs_are_the_targets(runs, engine):
+    cases, _, results, _ = runs
+    for (case, _, params), off, on in zip(cases, results["off"], results[engine]):
+        if params.logprobs is None:
+            continue
+        a, b = off.outputs[0], on.outputs[0]
+        assert len(b.logprobs) == len(b.token_ids) == len(a.logprobs)
+        for pa, pb in zip(a.logprobs, b.logprobs):
+            assert pa.keys() == pb.keys(), case
+            for tid in pa:
+                assert pb[tid].logprob == pytest.approx(pa[tid].logprob, abs=1e-4)
+                assert pb[tid].logprob != 0.0 or pa[tid].logprob == 0.0
+
+
+@pytest.mark.parametrize("engine", ["on", "suffix"])
+def test_second_call_hits_the_prefix_cache_the_same(runs, engine):
+    _, engines, _, second = runs
+    for off, on in zip(second["off"], second[engine]):
+        assert _summary(on) == _summary(off)
+        assert on.num_cached_tokens == off.num_cached_tokens
+    assert sum(o.num_cached_tokens for o in second[engine]) > 0
+    s_off, s_on = engines["off"].engine.scheduler, engines[engine].engine.scheduler
+    assert (s_on.prefix_cache_queries, s_on.prefix_cache_hits) == (s_off.prefix_cache_queries, s_off.prefix_cache_hits)
+
+
+def test_generation_tokens_count_returned_tokens(runs):
+    _, engines, results, second = runs
+    for name in ("off", "on", "suffix"):
+        returned = sum(len(c.token_ids) for out in results[name] + second[name] for c in out.outputs)
+        assert engines[name].engine.stats.num_generation_tokens_total == returned
+    returned = sum(len(c.token_ids) for out in results["on_no_cache"] for c in out.outputs)
+    assert engines["on_no_cache"].engine.stats.num_generation_tokens_total == returned
+    for llm in engines.values():
+        llm.engine.block_manager.check_integrity()
+        assert llm.engine.block_manager.usage == 0.0
+
+
+def _stream(llm: LLM, prompt_ids, params, eos=None):
+    """Every RequestOutput of one streamed request, with an optional EOS id override (both engines)."""
+    engine = llm.engine
+    saved = engine.eos_token_ids
+    if eos is not None:
+        engine.eos_token_ids = frozenset({eos})
+    try:
+        engine.add_request("s", prompt_ids, params)
+        outputs = []
+        while engine.has_unfinished_requests():
+            outputs += engine.step()
+        return outputs
+    finally:
+        engine.eos_token_ids = saved
+
+
+@pytest.mark.parametrize("engine", ["on", "suffix"])
+@pytest.mark.parametrize("kind", ["stop_str", "stop_id", "eos", "length"])
+def test_stream_sends_nothing_past_the_stop(runs, kind, engine):
+    _, engines, _, _ = runs
+    ids = engines["off"].get_tokenizer()(NUMBERS)["input_ids"]
+    params = {"stop_str": greedy(stop=["4,"]), "stop_id": greedy(stop_token_ids=[37]), "eos": greedy(),
+              "length": greedy(9)}[kind]
+    eos = 35 if kind == "eos" else None  # "3": EOS inside an accepted run of " 2, 3, 4, ..."
+    off, on = (_stream(engines[n], ids, params, eos) for n in ("off", engine))
+    final = off[-1].outputs[0]
+    assert _summary(on[-1]) == _summary(off[-1])
+    assert len(on) < len(off)  # fewer steps: runs of accepted tokens arrived together
+    for out in on:
+        c = out.outputs[0]
+        assert final.token_ids[: len(c.token_ids)] == c.token_ids
+        assert final.text.startswith(c.text[: c.stream_safe_len])
+    if kind == "eos":
+        assert final.token_ids[-1] == 35 and final.finish_reason == "stop"

@@ -1,0 +1,104 @@
+"""Speculation keeps the sampling distribution (H20 and issue 17). 2,000 samples of the first two tokens with
+speculation on, drawn through the rejection sampler (a benchmark `replay` proposer whose draft is the greedy
+token half of the time and a wrong token otherwise, so drafts are often rejected and the residual is drawn),
+follow the exact distribution computed from transformers' logits with a plain reference of temperature,
+top-p and top-k (chi-square goodness of fit, p > 0.01, first token and second token). Seeded requests repeat
+exactly with speculation on."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from shared_engine import LLM, SamplingParams
+
+PROMPT = "The colour of the sky is"
+SAMPLES = int(__import__("os").environ.get("SPEC_SAMPLES", 2000))
+# block_size 4: the samples share the prompt's first block from the prefix cache (2 of 6 tokens computed)
+COMMON = {"max_model_len": 128, "max_num_seqs": 128, "kv_cache_memory": 64 * 2**20, "block_size": 4}
+REPLAY = {"method": "replay", "num_speculative_tokens": 2, "policy": "always", "acceptance_rate": 0.5}
+
+
+@pytest.fixture(scope="module")
+def hf_model(default_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    on = LLM(**COMMON, speculative_config=REPLAY)
+    ids = on.get_tokenizer()(PROMPT)["input_ids"]
+    spec, on.engine.spec = on.engine.spec, None  # the greedy continuation, speculation off, for the replay
+    greedy = on.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0.0, max_tokens=4),
+                         use_tqdm=False)[0].outputs[0].token_ids
+    return on, ids, greedy, spec
+
+
+def _reference(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
+    """[vocab] float64 probabilities: softmax(logits / T) cut to the top k, then to the smallest set of
+    top tokens whose mass reaches top_p, renormalised (vLLM's order)."""
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    order = probs.argsort(descending=True)
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    kept = order[:top_k] if top_k > 0 else order
+    mass = probs[kept].cumsum(0) / probs[kept].sum()
+    keep[kept[: int((mass < top_p).sum()) + 1]] = True
+    cut = torch.where(keep, probs, torch.zeros_like(probs))
+    return cut / cut.sum()
+
+
+def _gof(counts: Counter, probs: torch.Tensor) -> float:
+    """Chi-square goodness-of-fit p-value; tokens expected < 5 times are pooled into one cell."""
+    from scipy.stats import chisquare
+
+    n = sum(counts.values())
+    expected = probs * n
+    big = [int(t) for t in torch.nonzero(expected >= 5).flatten()]
+    observed = [counts.get(t, 0) for t in big]
+    exp = [float(expected[t]) for t in big]
+    rest_obs, rest_exp = n - sum(observed), n - sum(exp)
+    if rest_exp > 1e-9:
+        observed.append(rest_obs)
+        exp.append(rest_exp)
+    else:
+        assert rest_obs == 0, "samples outside the distribution's support"
+    return chisquare(observed, exp, sum_check=False).pvalue
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(0.7, 0.9, 0), (0.8, 1.0, 20)],
+                         ids=["H20_t0.7_top_p0.9", "t0.8_top_k20"])
+def test_first_two_tokens_follow_the_target(engine, hf_model, temperature, top_p, top_k):
+    llm, ids, greedy, spec = engine
+    llm.engine.spec = spec
+    spec.proposer.record(ids, greedy)
+    stats = llm.engine.stats.spec
+    before = (stats.num_draft_tokens_total, stats.num_accepted_tokens_total)
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=2)
+    outs = llm.generate([{"prompt_token_ids": ids}] * SAMPLES, params, use_tqdm=False)
+    drafted = stats.num_draft_tokens_total - before[0]
+    accepted = stats.num_accepted_tokens_total - before[1]
+    assert drafted >= SAMPLES and 0.02 * drafted < accepted < 0.9 * drafted  # drafts often rejected
+    tokens = [o.outputs[0].token_ids for o in outs]
+    assert all(len(t) == 2 for t in tokens)
+    with torch.no_grad():
+        first_logits = hf_model(torch.tensor([ids])).logits[0, -1]
+        p1 = _reference(first_logits, temperature, top_p, top_k)
+        support = [int(t) for t in torch.nonzero(p1).flatten()]
+        nxt = hf_model(torch.tensor([ids + [t] for t in support])).logits[:, -1]
+        p2 = sum(p1[t] * _reference(nxt[i], temperature, top_p, top_k) for i, t in enumerate(support))
+    assert _gof(Counter(t[0] for t in tokens), p1) > 0.01
+    assert _gof(Counter(t[1] for t in tokens), p2) > 0.01
+
+
+def test_seeded_requests_repeat_with_speculation(engine):
+    llm, ids, greedy, spec = engine
+    llm.engine.spec = spec
+    spec.proposer.record(ids, greedy)
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=3) for s in range(6)]
+    first = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": ids}] * 6, params, use_tqdm=False)]
+    again = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": ids}] * 6, params, use_tqdm=False)]
+    assert first == again and len({tuple(t) for t in first}) > 1

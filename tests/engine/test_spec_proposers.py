@@ -1,0 +1,64 @@
+"""Proposers without a model: n-gram lookup, the suffix tree and the suffix proposer's two trees."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared_engine.config.speculative_config import SpeculativeConfig
+from shared_engine.core.request import Request
+from shared_engine.sampling_params import SamplingParams
+from shared_engine.spec_decode.ngram_proposer import NgramProposer
+from shared_engine.spec_decode.registry import build_proposer, proposer_names
+from shared_engine.spec_decode.suffix_tree import SuffixTree
+
+
+def _request(rid: str, prompt: list[int], output: list[int] = ()) -> Request:
+    return Request(rid, list(prompt), SamplingParams(max_tokens=64), max_tokens=64, output_token_ids=list(output))
+
+
+def test_ngram_takes_the_longest_most_recent_match():
+    p = NgramProposer(SpeculativeConfig(prompt_lookup_min=2, prompt_lookup_max=3))
+    #                   [1 2 3] 9 ... [1 2 3] 7 8 ... 1 2 3
+    assert p.lookup([1, 2, 3, 9, 5, 1, 2, 3, 7, 8, 4, 1, 2, 3], 2) == [7, 8]
+    assert p.lookup([5, 1, 2, 6, 6, 1, 2], 3) == [6, 6, 1]  # n = 2 when no 3-gram matches
+    assert p.lookup([1, 2, 3, 4], 3) == []  # no repeat: no draft
+    assert p.lookup([4, 4], 3) == []  # shorter than prompt_lookup_min + 1
+
+
+def test_suffix_tree_counts_and_removal():
+    tree = SuffixTree(max_depth=4)
+    tree.insert([1, 2, 3, 1, 2, 4])
+    node, length = tree.find([9, 1, 2])
+    assert length == 2 and {t: c.count for t, c in node.children.items()} == {3: 1, 4: 1}
+    assert SuffixTree.continuation(node, 3, 0.1)[0] == [3, 1]  # ties: first child; depth 4 ends the path
+    tree.remove([1, 2, 3, 1, 2, 4])
+    assert tree.root.children == {}
+
+
+def test_suffix_proposer_drafts_from_its_own_tokens_and_from_finished_requests():
+    config = SpeculativeConfig(method="suffix", num_speculative_tokens=4, suffix_decoding_max_cached_requests=1,
+                               suffix_decoding_min_token_prob=0.1)
+    proposer = build_proposer(config)
+    code = [10, 11, 12, 13, 14, 15, 16, 17]
+    own = _request("a", code + [0] + code[:3])
+    assert proposer.propose([own], [4]) == [[13, 14, 15]]  # match length 3 caps the draft at 3 (factor 1)
+    assert proposer.propose([own], [2]) == [[13, 14]]  # and k caps it
+    done = _request("b", [1], [20, 21, 22, 23, 24, 25])
+    proposer.on_finished(done)
+    fresh = _request("c", [5, 20, 21, 22])
+    assert proposer.propose([fresh], [4]) == [[23, 24, 25]]  # from the global tree
+    proposer.on_finished(_request("d", [1], [30, 31]))  # max_cached_requests=1: "b" is forgotten
+    assert proposer.propose([_request("e", [5, 20, 21, 22])], [4]) == [[]]
+
+
+def test_config_validation():
+    assert {"ngram", "suffix"} <= proposer_names()
+    with pytest.raises(ValueError, match="speculative_config.method"):
+        SpeculativeConfig(method="nope")
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SpeculativeConfig(num_speculative_tokens=0)
+    with pytest.raises(ValueError, match="unknown key"):
+        SpeculativeConfig.parse('{"method": "ngram", "k": 3}')
+    with pytest.raises(ValueError, match="not valid JSON"):
+        SpeculativeConfig.parse("{method")
+    assert SpeculativeConfig.parse('{"method": "suffix", "num_speculative_tokens": 5}').k == 5
