@@ -37,7 +37,8 @@ QUESTION = "What does the pass statement do?"
 @dataclass
 class Outcomes:
     ok: list[float] = field(default_factory=list)            # finish times (monotonic)
-    error_frames: list[float] = field(default_factory=list)  # a stream that ended with an error frame/event
+    error_frames: list[tuple[float, str]] = field(default_factory=list)  # (time, "engine"|"app"): a stream
+    # that ended with an SSE error frame (engine) or an `error` event (app)
     refused: list[tuple[float, str]] = field(default_factory=list)  # non-200 or transport errors
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -56,7 +57,7 @@ def _engine_request(client: httpx.Client, out: Outcomes) -> None:
             return
         for line in r.iter_lines():
             if line.startswith("data: {\"error\""):
-                out.add("error_frames", time.monotonic())
+                out.add("error_frames", (time.monotonic(), "engine"))
                 return
             if line == "data: [DONE]":
                 out.add("ok", time.monotonic())
@@ -72,7 +73,7 @@ def _app_request(client: httpx.Client, out: Outcomes) -> None:
             return
         for line in r.iter_lines():
             if line.startswith("event: error"):
-                out.add("error_frames", time.monotonic())
+                out.add("error_frames", (time.monotonic(), "app"))
                 return
             if line.startswith("event: done"):
                 out.add("ok", time.monotonic())
@@ -83,11 +84,13 @@ def _app_request(client: httpx.Client, out: Outcomes) -> None:
 def load(stop: threading.Event, request, out: Outcomes) -> None:
     with httpx.Client(timeout=60) as client:
         while not stop.is_set():
+            failures = len(out.refused) + len(out.error_frames)
             try:
                 request(client, out)
             except httpx.HTTPError as exc:
                 out.add("refused", (time.monotonic(), type(exc).__name__))
-                stop.wait(0.2)
+            if len(out.refused) + len(out.error_frames) > failures:
+                stop.wait(0.5)  # a client backs off after a failure instead of spinning
 
 
 def poll_health(stop: threading.Event, log: list[tuple[float, int]]) -> None:
@@ -129,7 +132,10 @@ def one_kill(args, out: Outcomes, health: list[tuple[float, int]]) -> dict:
         time.sleep(0.2)
         ok_after = next((t for t in list(out.ok) if t > back), None)
     rel = lambda t: None if t is None else round(t - t_kill, 2)  # noqa: E731
-    return {"engine_core_pid": core, "error_frames": len(out.error_frames) - n_err,
+    frames = out.error_frames[n_err:]
+    in_flight = [k for t, k in frames if t <= (down or deadline)]  # before the server went away
+    return {"engine_core_pid": core, "error_frames": len(frames),
+            "error_frames_before_server_down": {"engine": in_flight.count("engine"), "app": in_flight.count("app")},
             "refused_or_failed": len(out.refused) - n_ref, "ok_during_recovery": len(out.ok) - n_ok,
             "first_failure_kinds": sorted({k for _, k in out.refused[n_ref:]})[:6],
             "health_503_after_s": rel(first_503), "server_down_after_s": rel(down),

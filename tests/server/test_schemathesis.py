@@ -58,6 +58,7 @@ def test_schemathesis_stateful_across_the_api(small_server, tmp_path):
     scenarios = re.search(r"Scenarios:\s+(\d+)", out)
     links = re.search(r"API Links:\s+(\d+) covered / (\d+) selected", out)
     assert scenarios and int(scenarios.group(1)) >= 30, out[-3000:]
-    # 8 links among the selected operations; most are followed (seed 1: 7), the rest left to chance
-    assert links and int(links.group(2)) == 8 and int(links.group(1)) >= 5, out[-3000:]
+    # openapi_links.py's 8 (plus any schemathesis infers, e.g. /v1/models -> /v1/models/{id}); seeded runs
+    # have followed 5-7 of them, the rest are left to chance
+    assert links and int(links.group(2)) >= 8 and int(links.group(1)) >= 4, out[-3000:]
     assert small_server.get("/health").status_code == 200
