@@ -77,24 +77,25 @@ class FairPolicy(SchedulingPolicy):
         return ordered
 
     def _charge(self, request: Request) -> None:
-        rid = request.request_id
-        prompt_done, outputs_done = self._charged.get(rid, (-1, 0))
-        if prompt_done < 0:  # first service: the request left the waiting queue
-            prompt_done = 0
-            self._last_admitted = self.counters.get(request.tenant, 0.0)
-        prompt = min(request.num_computed_tokens, len(request.prompt_token_ids))
-        outputs = _num_outputs(request)
-        served = (self.prefill_weight * max(0, prompt - prompt_done)
-                  + self.decode_weight * max(0, outputs - outputs_done))
+        """Add the service the request got since its last charge to its tenant's counter."""
+        rid, tenant = request.request_id, request.tenant
+        first = rid not in self._charged
+        prompt_done, outputs_done = self._charged.get(rid, (0, 0))
+        prompt = max(prompt_done, min(request.num_computed_tokens, len(request.prompt_token_ids)))
+        outputs = max(outputs_done, _num_outputs(request))
+        served = self.prefill_weight * (prompt - prompt_done) + self.decode_weight * (outputs - outputs_done)
+        if first:
+            if not served:
+                return  # never served (aborted while waiting)
+            self._last_admitted = self.counters.get(tenant, 0.0)  # it just left the waiting queue
         if served:
-            self.counters[request.tenant] = self.counters.get(request.tenant, 0.0) + served
-        self._charged[rid] = (max(prompt, prompt_done), max(outputs, outputs_done))
+            self.counters[tenant] = self.counters.get(tenant, 0.0) + served
+        self._charged[rid] = (prompt, outputs)
 
     def on_served(self, requests: Iterable[Request]) -> None:
         for request in requests:
             self._charge(request)
 
     def on_finished(self, request: Request) -> None:
-        if request.request_id in self._charged:
-            self._charge(request)
+        self._charge(request)  # its last step's tokens (a request may finish on its first step)
         self._charged.pop(request.request_id, None)
