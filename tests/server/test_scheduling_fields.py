@@ -11,6 +11,7 @@ from shared_engine.engine.llm_engine import LLMEngine
 from shared_engine.entrypoints.openai.api_server import create_app
 from shared_engine.entrypoints.openai.server_config import ServerConfig
 from tests.server.app_runner import run_app
+from tests.server.test_cli_args import _parse
 
 PROMPT = [(7 * i) % 100 + 3 for i in range(20)]
 BAD = [("tenant", ""), ("tenant", 5), ("tenant", "x" * 257), ("priority", "high"), ("priority", 1.5),
@@ -61,3 +62,12 @@ def test_tenant_and_priority_reach_the_scheduler_and_bad_values_are_400s(tiny_mo
         assert status == 400, (field, error)
         assert set(error) == {"message", "type", "param", "code"}
         assert error["type"] == "invalid_request_error" and error["param"] == field, (field, error)
+
+
+def test_scheduling_policy_flag():
+    from shared_engine.entrypoints.openai.cli_args import build_configs
+
+    assert build_configs(_parse([]))[0].scheduler.scheduling_policy == "fcfs"
+    assert build_configs(_parse(["--scheduling-policy", "fair"]))[0].scheduler.scheduling_policy == "fair"
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        build_configs(_parse(["--scheduling-policy", "lottery"]))
