@@ -62,3 +62,16 @@ def test_config_validation():
     with pytest.raises(ValueError, match="not valid JSON"):
         SpeculativeConfig.parse("{method")
     assert SpeculativeConfig.parse('{"method": "suffix", "num_speculative_tokens": 5}').k == 5
+
+
+def test_speculative_config_flag():
+    import argparse
+
+    from shared_engine.entrypoints.openai.cli_args import add_serve_arguments, build_configs
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    args = parser.parse_args(["--speculative-config", '{"method": "suffix", "num_speculative_tokens": 4}'])
+    engine, _ = build_configs(args)
+    assert (engine.speculative_config.method, engine.speculative_config.k) == ("suffix", 4)
+    assert build_configs(parser.parse_args([]))[0].speculative_config is None
