@@ -126,6 +126,24 @@ def test_idle_tenant_is_lifted_to_the_minimum_on_return():
     assert admitted.count("late") >= 1
 
 
+def test_departed_tenants_do_not_accumulate():
+    # one backlogged tenant, and 400 one-off tenants (a client inventing names) that come and go
+    sched = scheduler("fair", max_num_seqs=4)
+    from shared_engine.core.scheduling.fair import _MAX_DEPARTED
+
+    for _ in range(100):
+        sched.add_request(make("steady", 16, 4))
+    for i in range(1000):
+        sched.add_request(make(f"once-{i}", 8, 1))
+        step(sched, {})
+        assert len(sched.policy.counters) <= len(sched.policy._live) + 2 * _MAX_DEPARTED
+    assert len(sched.policy.counters) > _MAX_DEPARTED  # the departed are kept up to the cap
+    assert "steady" in sched.policy.counters and "once-999" in sched.policy.counters
+    while sched.has_unfinished_requests():
+        step(sched, {})
+    assert sched.policy._live == {} and sched.policy._charged == {}
+
+
 def test_priority_orders_waiting_lower_first_ties_by_arrival():
     sched = scheduler("priority", max_num_seqs=1)
     reqs = [make("t", 8, 1, priority=p) for p in (5, 1, 3, 1, -2)]
