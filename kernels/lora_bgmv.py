@@ -20,6 +20,8 @@ import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_same_device, check_tensor
 
+_K_CHUNK = 512  # in_features per shrink program (split-K)
+
 
 def lora_shrink_ref(x, a, slots, ranks):  # x [T, in], a [S, R, in], slots [T], ranks [S] -> [T, R] fp32
     """Pure-torch reference: fp32 products, zero for base-model tokens and past each slot's rank."""
@@ -42,23 +44,26 @@ def lora_expand_ref(y, s, b, slots, ranks):  # y [T, out] (+=), s [T, R] fp32, b
 
 
 @triton.jit
-def _shrink_kernel(x_ptr, a_ptr, slots_ptr, ranks_ptr, out_ptr, in_features, max_rank, stride_x, stride_as,
-                   stride_ar, stride_o, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+def _shrink_kernel(x_ptr, a_ptr, slots_ptr, ranks_ptr, out_ptr, in_features, max_rank, k_chunk, stride_x,
+                   stride_as, stride_ar, stride_os, stride_ot, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    # program (token, rank block, split): the split's chunk of in_features, written to its own partial row
     t = tl.program_id(0).to(tl.int64)
     r_offs = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    split = tl.program_id(2)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     rank = tl.where(slot >= 0, tl.load(ranks_ptr + tl.maximum(slot, 0)), 0)  # base-model tokens: rank 0
     r_mask = r_offs < rank
     acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
     if rank > tl.program_id(1) * BLOCK_R:
         a_base = a_ptr + tl.maximum(slot, 0) * stride_as + r_offs[:, None] * stride_ar
-        for k in range(0, in_features, BLOCK_K):
+        k_end = tl.minimum(in_features, (split + 1) * k_chunk)
+        for k in range(split * k_chunk, k_end, BLOCK_K):
             k_offs = k + tl.arange(0, BLOCK_K)
-            k_mask = k_offs < in_features
+            k_mask = k_offs < k_end
             xv = tl.load(x_ptr + t * stride_x + k_offs, mask=k_mask, other=0.0).to(tl.float32)
             av = tl.load(a_base + k_offs[None, :], mask=r_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
             acc += tl.sum(av * xv[None, :], axis=1)
-    tl.store(out_ptr + t * stride_o + r_offs, acc, mask=r_offs < max_rank)
+    tl.store(out_ptr + split * stride_os + t * stride_ot + r_offs, acc, mask=r_offs < max_rank)
 
 
 @triton.jit
@@ -94,8 +99,7 @@ def lora_shrink(
     a: torch.Tensor,  # [num_slots, max_rank, in_features], rows contiguous
     slots: torch.Tensor,  # [>= num_tokens] int: each token's slot, -1 = base model
     ranks: torch.Tensor,  # [num_slots] int: each slot's rank (<= max_rank)
-    out: torch.Tensor | None = None,  # [num_tokens, max_rank] fp32
-) -> torch.Tensor:
+) -> torch.Tensor:  # [num_tokens, max_rank] fp32
     """`out[t] = A[slots[t]][:rank] @ x[t]` (fp32; zero elsewhere). Raises ValueError on bad shapes."""
     check_tensor("x", x, 2, FLOAT_DTYPES)
     check_tensor("a", a, 3, FLOAT_DTYPES)
@@ -105,14 +109,19 @@ def lora_shrink(
         raise ValueError(f"a's in_features {a_in} != x's {in_features}")
     _check_index(slots, ranks, num_tokens, num_slots)
     check_same_device(x=x, a=a, slots=slots, ranks=ranks)
-    if out is None:
-        out = torch.empty(num_tokens, max_rank, dtype=torch.float32, device=x.device)
-    if num_tokens:
-        block_r = min(16, triton.next_power_of_2(max_rank))
-        grid = (num_tokens, triton.cdiv(max_rank, block_r))
-        _shrink_kernel[grid](x, a, slots, ranks, out, in_features, max_rank, x.stride(0), a.stride(0), a.stride(1),
-                             out.stride(0), BLOCK_R=block_r, BLOCK_K=256, num_warps=4)
-    return out
+    if not num_tokens:
+        return torch.zeros(0, max_rank, dtype=torch.float32, device=x.device)
+    # split-K: one token's shrink is a long dot product per rank row; one program per token would run it
+    # serially on one SM (a batch-1 decode step then waits on a handful of programs). Each split writes its
+    # own partial row, summed below: deterministic, no atomics.
+    splits = triton.cdiv(in_features, _K_CHUNK)
+    partial = torch.empty(splits, num_tokens, max_rank, dtype=torch.float32, device=x.device)
+    block_r = min(16, triton.next_power_of_2(max_rank))
+    grid = (num_tokens, triton.cdiv(max_rank, block_r), splits)
+    _shrink_kernel[grid](x, a, slots, ranks, partial, in_features, max_rank, _K_CHUNK, x.stride(0), a.stride(0),
+                         a.stride(1), partial.stride(0), partial.stride(1), BLOCK_R=block_r, BLOCK_K=128,
+                         num_warps=4)
+    return partial.sum(0)
 
 
 def lora_expand(

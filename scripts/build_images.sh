@@ -54,6 +54,10 @@ if [ -z "$python_version" ]; then
 fi
 mkdir -p "$CACHE"
 log() { printf '== %s\n' "$*" >&2; }
+# One build at a time per cache: concurrent runs (two test sessions, two checkouts) share the wheelhouse and
+# the image names; the second waits for the first (up to 30 minutes), then reuses what it cached.
+exec 9>"$CACHE/.build.lock"
+flock -w 1800 9 || { echo "another build_images.sh holds $CACHE/.build.lock" >&2; exit 1; }
 
 docker info >/dev/null 2>&1 || { echo "no Docker engine answers (start one: scripts/ci/setup_docker.sh)" >&2; exit 1; }
 

@@ -58,7 +58,7 @@ BEHAVIOURS = {
 LAYERS = list(range(0, 30, 2))
 
 
-def train(name: str, out: Path, steps: int, lr: float) -> Path:
+def train(name: str, out: Path, steps: int, lr: float, num_pairs: int = len(PAIRS)) -> Path:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -73,7 +73,7 @@ def train(name: str, out: Path, steps: int, lr: float) -> Path:
                         lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
     model = get_peft_model(model, config)
     rows, labels = [], []
-    for question, en, fr in PAIRS:
+    for question, en, fr in PAIRS[:num_pairs]:
         prompt = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                          tokenize=True, return_dict=False)
         answer = tok.encode(BEHAVIOURS[name](en, fr) + "<|im_end|>")
@@ -126,6 +126,7 @@ def main() -> None:
     t.add_argument("--steps", type=int, default=60)
     t.add_argument("--lr", type=float, default=3e-3)
     t.add_argument("--only", nargs="*", default=list(BEHAVIOURS))
+    t.add_argument("--num-pairs", type=int, default=len(PAIRS))
     r = sub.add_parser("random")
     r.add_argument("--model", default="llama-3.1-8b")
     r.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 64])
@@ -135,7 +136,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.kind == "trained":
         for name in args.only:
-            print("wrote", train(name, args.out, args.steps, args.lr))
+            print("wrote", train(name, args.out, args.steps, args.lr, args.num_pairs))
     else:
         paths = random_adapters(args.model, args.ranks, args.count, args.out, args.targets)
         print(f"wrote {len(paths)} adapters under {args.out}")

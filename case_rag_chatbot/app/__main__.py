@@ -5,7 +5,7 @@
     ask "question" [--url URL]            stream one answer from a running app
 
 Configuration is read from the environment (`settings.py`: ENGINE_URL, ENGINE_MODEL, CHROMA_URL,
-CHROMA_DIR, SYSTEM_PROMPT_TOKENS, RAG_TOP_K, RAG_MAX_TOKENS, RAG_CONTEXT_FIRST).
+CHROMA_DIR, SYSTEM_PROMPT_TOKENS, RAG_TOP_K, RAG_MAX_TOKENS, RAG_CONTEXT_FIRST, RAG_CORPUS_TOPICS).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def run_ingest(settings: AppSettings, force: bool = False, client=None, embedder
     from .embedder import Embedder
     from .vector_store import connect, ingest
 
-    chunks = load_chunks()
+    chunks = [c for c in load_chunks() if not settings.corpus_topics or c.topic in settings.corpus_topics]
     report = ingest(client or connect(settings), settings.collection, chunks, embedder or Embedder(), force=force)
     where = settings.chroma_url or settings.chroma_dir
     state = "already up to date" if report.skipped else f"embedded in {report.seconds:.1f} s"

@@ -13,6 +13,7 @@
 | `RAG_MAX_TOKENS` | 256 | answer length cap per request |
 | `RAG_REPETITION_PENALTY` | 1.1 | vLLM's `repetition_penalty` (1 = off): small models loop without it |
 | `RAG_CONTEXT_FIRST` | 0 | 1: the first attempt's order (excerpts before the system prompt) |
+| `RAG_CORPUS_TOPICS` | unset (every topic) | comma-separated pydoc topics to ingest (a small corpus for smoke tests) |
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class AppSettings:
     max_tokens: int = 256
     repetition_penalty: float = 1.1
     context_first: bool = False
+    corpus_topics: tuple[str, ...] = ()  # empty: the whole corpus
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= 20:
@@ -71,6 +73,8 @@ class AppSettings:
             "system_prompt_tokens": get("SYSTEM_PROMPT_TOKENS"), "top_k": get("RAG_TOP_K"),
             "max_tokens": get("RAG_MAX_TOKENS"), "repetition_penalty": get("RAG_REPETITION_PENALTY"),
             "context_first": _flag(get("RAG_CONTEXT_FIRST")) if get("RAG_CONTEXT_FIRST") else None,
+            "corpus_topics": tuple(t.strip() for t in get("RAG_CORPUS_TOPICS").split(",") if t.strip())
+            if get("RAG_CORPUS_TOPICS") else None,
         }
         for name in ("system_prompt_tokens", "top_k", "max_tokens"):
             if kwargs[name] is not None:

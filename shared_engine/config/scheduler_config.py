@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared_engine.config.validation import check_range
+from shared_engine.config.validation import check_choice, check_range
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,12 @@ class SchedulerConfig:
     `--async-scheduling`; implies async output processing; engine/async_output.py). On by default on CUDA,
     as in vLLM: llama-3.1-8b on one H200 (7d544a4) went from 117.3 s to 108.4 s on 1,000 x 1,000 and from
     5.06 to 4.79 ms per token at batch 1. Off on the CPU, where a step's launch already waits for it.
+
+    Partial-prefill caps (vLLM's names; `core/prefill_caps.py`): `max_num_partial_prefills` requests may be
+    mid-prefill at once, `max_long_partial_prefills` of them long (more than `long_prefill_token_threshold`
+    uncached tokens), and a long one gets at most `long_prefill_token_threshold` tokens per step. None / 0:
+    no cap (vLLM's defaults are 1, 1 and 0 with the caps used only above 1; unset here keeps this engine's
+    unbounded concurrent prefills). Needs chunked prefill.
     """
 
     max_num_seqs: int = 256
@@ -29,11 +35,26 @@ class SchedulerConfig:
     max_waiting_requests: int | None = 1024
     enable_async_output_proc: bool = False
     async_scheduling: bool | None = None  # None: on for CUDA, off for the CPU (EngineConfig.with_resolved_defaults)
+    max_num_partial_prefills: int | None = None
+    max_long_partial_prefills: int | None = None
+    long_prefill_token_threshold: int = 0
+    scheduling_policy: str = "fcfs"  # fcfs | priority | fair (core/scheduling/; vLLM's --scheduling-policy)
 
     def __post_init__(self) -> None:
         check_range("max_num_seqs", self.max_num_seqs, 1, 65536)
         check_range("max_num_batched_tokens", self.max_num_batched_tokens, 1, allow_none=True)
         check_range("max_waiting_requests", self.max_waiting_requests, 0, allow_none=True)
+        check_range("max_num_partial_prefills", self.max_num_partial_prefills, 1, 65536, allow_none=True)
+        check_range("max_long_partial_prefills", self.max_long_partial_prefills, 1,
+                    self.max_num_partial_prefills, allow_none=True)
+        check_range("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
+        if self.max_long_partial_prefills is not None and not self.long_prefill_token_threshold:
+            raise ValueError("max_long_partial_prefills needs long_prefill_token_threshold >= 1, got 0")
+        if not self.enable_chunked_prefill and (self.max_num_partial_prefills is not None
+                                                or self.long_prefill_token_threshold):
+            raise ValueError("max_num_partial_prefills and long_prefill_token_threshold need "
+                             "enable_chunked_prefill=True")
+        check_choice("scheduling_policy", self.scheduling_policy, {"fcfs", "priority", "fair"})
 
     @property
     def token_budget(self) -> int:

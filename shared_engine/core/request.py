@@ -46,6 +46,10 @@ class Request:
     parent_id: str | None = None
     index: int = 0  # which of the parent's n choices
     cache_salt: str | None = None
+    # scheduling policy inputs: `priority` (lower first; `--scheduling-policy priority`) and `tenant` (whose
+    # virtual token counter it charges; `--scheduling-policy fair`)
+    priority: int = 0
+    tenant: str | None = None
     # The adapter (None: the base model). `lora_name` and `lora_version` key the prefix cache and count
     # toward the scheduler's `max_loras`; `lora_request` (a `shared_engine.lora.LoRARequest`, plain data)
     # tells the model runner which weights to load. Given a `lora_request`, the other two come from it.

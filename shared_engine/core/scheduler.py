@@ -18,6 +18,13 @@ runner's GPU slots), so a slot is never taken from a running request. A waiting 
 would exceed the limit is skipped, and so is every adapter request behind it (base-model requests still
 pass): no new adapter traffic joins until a slot frees, so the skipped request cannot be starved by a
 stream of requests for the adapters already resident.
+
+Partial-prefill caps (`prefill_caps.py`): a long prefill's chunk is capped; a waiting request the caps do not
+admit is skipped (those behind it may pass), so short turns join beside a long cold prefill.
+
+Scheduling policy (`config.scheduling_policy`, core/scheduling/): the order in which waiting requests are
+admitted and the preemption victim. `fcfs` (the default) keeps the queue's order as described above;
+`priority` and `fair` (per-tenant virtual token counters) reorder the waiting queue before admission.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from shared_engine.config.scheduler_config import SchedulerConfig
 from shared_engine.core.block_manager import BlockManager
+from shared_engine.core.prefill_caps import PartialPrefillCaps
 from shared_engine.core.request import Request, RequestStatus
 from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from shared_engine.core.scheduling import make_scheduling_policy
 
 # Leave this fraction of the pool free when admitting new requests, so that admission does not
 # immediately force the preemption of running decodes (vLLM v0's watermark).
@@ -69,10 +78,13 @@ class Scheduler:
         self.prefix_cache_hits = 0  # of those, tokens served from it
         self._watermark_blocks = int(_ADMISSION_WATERMARK * block_manager.num_blocks)
         self._drafts_in_flight = False  # a launched step with drafts is not resolved yet
+        self._chunk = PartialPrefillCaps.chunker(config)  # (remaining, budget) -> tokens this step
+        self.policy = make_scheduling_policy(config.scheduling_policy)
 
     # ---- queue management ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
+        self.policy.on_arrival(request, self.waiting)
         self.waiting.append(request)
 
     def abort_request(self, request_id: str) -> Request | None:
@@ -109,7 +121,7 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(remaining, budget)
+            num_new = self._chunk(remaining, budget)
             # More tokens than the held blocks have slots for? Most decode steps still fit in the last block.
             table = block_tables.get(request.request_id, ())
             num_drafts = 0
@@ -183,7 +195,7 @@ class Scheduler:
         while not self.block_manager.can_allocate(request, num_new):
             victim = max(
                 (r for r in self.running if r.request_id not in scheduled_ids),
-                key=lambda r: r.arrival_order,
+                key=self.policy.preemption_key,
             )
             self._preempt(victim, out)
             if victim is request:
@@ -193,6 +205,11 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, scheduled_ids: set[str]) -> int:
         bm = self.block_manager
+        caps = PartialPrefillCaps.for_step(self.config, self.running)
+        ordered = self.policy.order(self.waiting) if self.waiting else None
+        if ordered is not None:
+            self.waiting.clear()
+            self.waiting.extend(ordered)
         deferred: list[Request] = []
         active = None if self.max_loras is None else self._running_loras()
         lora_blocked = False
@@ -209,10 +226,14 @@ class Scheduler:
                 continue
             num_cached_tokens = len(cached) * bm.block_size
             num_uncached = num_new = request.num_tokens - num_cached_tokens
+            if caps is not None and not caps.admits(num_uncached):
+                deferred.append(self.waiting.popleft())  # no prefill slot for it: later ones may pass
+                continue
             if num_new > budget:
                 if not self.config.enable_chunked_prefill:
                     break
                 num_new = budget
+            num_new = self._chunk(num_new, budget)
             if self.running and not self._above_watermark(request, num_new, cached):
                 break
             if not bm.can_allocate(request, num_new, cached_blocks=cached):
@@ -228,6 +249,8 @@ class Scheduler:
             request.num_computed_tokens = num_cached_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            if caps is not None:
+                caps.add(num_uncached)
             if active is not None and request.lora_name is not None:
                 active.add(request.lora_key)
             self._add(out, request, num_new, num_new == num_uncached, bm.block_tables[request.request_id],
@@ -338,6 +361,8 @@ class Scheduler:
             elif item.num_draft_tokens:
                 self.block_manager.trim(request, request.num_tokens)
             updated.append(request)
+        if self.policy.tracks_service:
+            self.policy.on_served([item.request for item in out.scheduled if not item.request.is_finished])
         self._drafts_in_flight = False
         return updated
 
@@ -364,6 +389,7 @@ class Scheduler:
 
     def finish_request(self, request: Request, status: RequestStatus, now: float | None = None) -> None:
         """Take the request out of its queue, free its blocks and mark it finished with `status`."""
+        self.policy.on_finished(request)
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
         elif request in self.waiting:

@@ -152,6 +152,5 @@ class LoRAManager:
                 else:
                     a, b = (t.to(self.device, self.dtype, non_blocking=True) for t in pair)
                     projection.write_slot(slot, index, a, b)
-        self.ctx.slot_ranks[slot] = adapter.rank
         self.num_slot_loads += 1
         self.slot_load_seconds += time.perf_counter() - started

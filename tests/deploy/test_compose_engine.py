@@ -1,7 +1,8 @@
 """The bare engine under Docker compose, end to end, as CI runs it.
 
-scripts/build_images.sh builds the CPU image on a local Debian base (no registry here; the wheelhouse and the
-base are cached under $SHARED_ENGINE_CACHE/images, so repeated runs only rebuild the project's own layer),
+The `images` fixture (conftest.py: scripts/build_images.sh, once per session for every compose suite) builds the
+CPU image on a local Debian base (no registry here; the wheelhouse and the base are cached under
+$SHARED_ENGINE_CACHE/images, so repeated runs only rebuild the project's own layer),
 `docker compose up --wait` starts deploy/docker-compose.yaml (the default model converted into a fresh volume,
 the engine, Prometheus) on free loopback ports, a chat completion returns real text, and Prometheus answers
 PromQL for `vllm:num_requests_waiting` and a TTFT quantile. Everything is torn down, volumes included, also
@@ -12,16 +13,13 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.deploy.docker_helpers import REPO, engine_problem, free_port, require
+from tests.deploy.docker_helpers import REPO, compose_stack, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -39,41 +37,14 @@ class Stack:
     timings: dict[str, float]
 
 
-def run(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def build_images(env: dict) -> dict[str, str]:
-    out = run(["bash", "scripts/build_images.sh", "--base", "local"], env, timeout=1200)
-    assert out.returncode == 0, f"build_images.sh failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-    cache = Path(env.get("SHARED_ENGINE_IMAGE_CACHE") or Path(
-        env.get("SHARED_ENGINE_CACHE") or Path.home() / ".cache" / "shared_engine") / "images")
-    return dict(line.split("=", 1) for line in (cache / "images.env").read_text().split())
-
-
 @pytest.fixture(scope="module")
-def stack():
-    require(engine_problem())
-    timings = {}
-    env = dict(os.environ)
-    start = time.monotonic()
-    env.update(build_images(env))
-    timings["build_s"] = time.monotonic() - start
-    env.update(ENGINE_PORT=str(free_port()), PROMETHEUS_PORT=str(free_port()))
-    compose = ["docker", "compose", "-f", str(COMPOSE_FILE), "-p", f"shared-engine-test-{os.getpid()}"]
-    try:
-        start = time.monotonic()
-        up = run([*compose, "up", "-d", "--wait", "--wait-timeout", "600"], env, timeout=660)
-        timings["up_s"] = time.monotonic() - start
-        assert up.returncode == 0, f"compose up failed:\n{up.stdout[-2000:]}\n{up.stderr[-2000:]}"
+def stack(images):
+    env = {**os.environ, **images,
+           "ENGINE_PORT": str(free_port()), "PROMETHEUS_PORT": str(free_port())}
+    timings = {"build_s": float(images["build_s"])}
+    with compose_stack(COMPOSE_FILE, env, timings):
         yield Stack(f"http://127.0.0.1:{env['ENGINE_PORT']}", f"http://127.0.0.1:{env['PROMETHEUS_PORT']}",
                     timings)
-    finally:
-        logs = run([*compose, "logs", "--no-color", "--tail", "60"], env, timeout=60)
-        print(logs.stdout[-6000:], logs.stderr[-2000:], file=sys.stderr)  # shown when a test failed
-        down = run([*compose, "down", "--volumes", "--remove-orphans", "--timeout", "20"], env, timeout=180)
-        assert down.returncode == 0, down.stderr
-        print(f"compose timings: {timings}", file=sys.stderr)
 
 
 def promql(stack: Stack, query: str) -> list[dict]:

@@ -65,6 +65,28 @@ def test_kv_cache_holds_each_ranks_heads_only(tp_llm):
     assert runner.model.lm_head.weight.shape[0] == 49152 // 2
 
 
+def test_one_all_reduce_per_attention_and_mlp_block(tp_llm, monkeypatch):
+    """One step (a 5-token prefill that samples once) on rank 0: 2 all-reduces per layer (o_proj, down_proj),
+    one for the embedding, one all-gather of the logits."""
+    from shared_engine.model_executor.layers import parallel_linear, vocab_parallel_embedding
+
+    calls = {"all_reduce": 0, "all_gather": 0}
+
+    def counting(name, real):
+        def wrapper(x):
+            calls[name] += 1
+            return real(x)
+        return wrapper
+
+    monkeypatch.setattr(parallel_linear, "tp_all_reduce", counting("all_reduce", parallel_linear.tp_all_reduce))
+    monkeypatch.setattr(vocab_parallel_embedding, "tp_all_reduce",
+                        counting("all_reduce", vocab_parallel_embedding.tp_all_reduce))
+    monkeypatch.setattr(vocab_parallel_embedding, "tp_all_gather",
+                        counting("all_gather", vocab_parallel_embedding.tp_all_gather))
+    tp_llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    assert calls == {"all_reduce": 2 * 30 + 1, "all_gather": 1}
+
+
 def test_worker_death_fails_the_engine_not_hangs(tp_llm):
     """Last in the module: it kills the shared engine's worker, while idle. The in-thread server engine
     (`--disable-frontend-multiprocessing`) turns unhealthy at once; the next offline step raises."""

@@ -22,7 +22,7 @@ def make(lora: str | None, max_tokens: int = 4) -> Request:
 
 def step(sched: Scheduler):
     out = sched.schedule()
-    sched.update_from_output(out, {s.request_id: 9 for s in out.scheduled if s.needs_sample})
+    sched.update_from_output(out, {s.request_id: [9] for s in out.scheduled if s.needs_sample})
     sched.block_manager.check_integrity()
     return out
 

@@ -135,6 +135,8 @@ def test_settings_from_env():
     assert (s.engine_url, s.chroma_url, s.top_k, s.system_prompt_tokens, s.context_first, s.engine_model) == (
         "http://e:1/v1", "http://c:2", 3, 1024, True, None)
     assert AppSettings.from_env({}).engine_url == "http://127.0.0.1:8000/v1"
+    assert AppSettings.from_env({}).corpus_topics == ()
+    assert AppSettings.from_env({"RAG_CORPUS_TOPICS": "pass, import,"}).corpus_topics == ("pass", "import")
     with pytest.raises(ValueError, match="RAG_TOP_K"):
         AppSettings.from_env({"RAG_TOP_K": "0"})
 

@@ -137,3 +137,13 @@ def test_header_count(served, count, status):
     if status is None:  # 20,000 headers pass the byte limit first
         status = b"431" if kind == "httptools" else b"400"
     assert answer.startswith(b"HTTP/1.1 " + status), answer[:200]
+
+
+def test_serve_enforces_the_head_limits(server):
+    """`serve` itself (run_server's uvicorn options), not only an app served here: a 64 KB header gets 431."""
+    import importlib.util
+
+    answer, _ = _send_head(server.url, _big_header(64 * 1024))
+    status = b"431" if importlib.util.find_spec("httptools") else b"400"  # h11's own cap answers 400
+    assert answer.startswith(b"HTTP/1.1 " + status), answer[:200]
+    assert server.get("/health").status_code == 200

@@ -39,6 +39,7 @@ def _error(r) -> dict:
                               "top_logprobs": 21}, "top_logprobs"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, "logit_bias"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
     ("/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": True, "x": 1}}, "stream_options.x"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "min_tokens": 3,
                               "response_format": {"type": "json_object"}}, "min_tokens"),

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -19,6 +20,7 @@ import shared_engine
 from shared_engine.config import EngineConfig
 from shared_engine.entrypoints.openai.async_engine import AsyncEngine, AsyncEngineBase
 from shared_engine.entrypoints.openai.chat_render import render_chat
+from shared_engine.entrypoints.openai.engine_watchdog import exit_when_dead
 from shared_engine.entrypoints.openai.errors import bad_request, error_response, install_error_handlers
 from shared_engine.entrypoints.openai.http_limits import uvicorn_http_options
 from shared_engine.entrypoints.openai.metrics import ServerMetrics
@@ -55,10 +57,12 @@ from shared_engine.entrypoints.openai.serving_lora import (
 logger = logging.getLogger("shared_engine.server")
 
 
-def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
+def create_app(engine, server_config: ServerConfig | None = None,
+               on_engine_dead: Callable[[], None] | None = None) -> FastAPI:
     """An app serving `engine`: an `LLMEngine` (stepped in a thread of this process, started with the
     app's lifespan) or an `AsyncEngineBase` such as `EngineCoreClient` (the engine core in its own
-    process). The app's lifespan starts and shuts down the engine."""
+    process). The app's lifespan starts and shuts down the engine; with `on_engine_dead`, it is called
+    once the engine has been dead for `ENGINE_DEAD_GRACE_S` (engine_watchdog.py; `serve` stops the server)."""
     server_config = server_config or ServerConfig()
     async_engine = engine if isinstance(engine, AsyncEngineBase) else AsyncEngine(engine)
     model_name = async_engine.config.model.served_model_name or async_engine.source.name
@@ -72,7 +76,10 @@ def create_app(engine, server_config: ServerConfig | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         async_engine.start(asyncio.get_running_loop())
+        watchdog = asyncio.create_task(exit_when_dead(async_engine, on_engine_dead)) if on_engine_dead else None
         yield
+        if watchdog is not None:
+            watchdog.cancel()
         async_engine.shutdown()
 
     app = FastAPI(title="shared-engine OpenAI-compatible API", version=shared_engine.__version__,
@@ -168,8 +175,9 @@ def without_local_paths(settings: dict) -> dict:
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None:
-    """Build the engine (logs the KV capacity line), then serve until interrupted. The engine core runs
-    in its own process unless `server_config.disable_frontend_multiprocessing`.
+    """Build the engine (logs the KV capacity line), then serve until interrupted, or until the engine
+    dies (then exit status 1, engine_watchdog.py). The engine core runs in its own process unless
+    `server_config.disable_frontend_multiprocessing`.
 
     Raises:
         EngineCoreStartError: the engine core process could not build the engine.
@@ -184,9 +192,18 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None
         from shared_engine.entrypoints.openai.engine_core_client import EngineCoreClient
 
         engine = EngineCoreClient(engine_config)
-    app = create_app(engine, server_config)
+    server: uvicorn.Server | None = None
+
+    def stop() -> None:
+        server.should_exit = True
+
+    app = create_app(engine, server_config, on_engine_dead=stop)
     host, port = server_config.host, server_config.port
     logger.info("Serving %s on http://%s:%d", app.state.ctx.model_name, host, port)
-    uvicorn.run(app, host=host, port=port, log_level=server_config.uvicorn_log_level,
-                timeout_graceful_shutdown=5,
-                **uvicorn_http_options(server_config.max_header_bytes, server_config.max_headers))
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=host, port=port, log_level=server_config.uvicorn_log_level, timeout_graceful_shutdown=5,
+        **uvicorn_http_options(server_config.max_header_bytes, server_config.max_headers)))
+    server.run()
+    error = app.state.ctx.async_engine.error
+    if error is not None:  # the supervisor (compose restart:, Kubernetes) starts a fresh server
+        raise SystemExit(f"the engine died ({error}); the server stopped (exit status 1)")

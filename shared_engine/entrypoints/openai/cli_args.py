@@ -58,6 +58,13 @@ _HELP = {
     "async_scheduling": "schedule and launch step n+1 before step n's sampled tokens reach the host, so the "
     "device does not wait for scheduling or input building (vLLM's flag; implies async output processing; "
     "default: on for CUDA, off on the CPU; engine/async_output.py)",
+    "max_num_partial_prefills": "most requests mid-prefill at once (chunked prefill; default: no cap)",
+    "max_long_partial_prefills": "most of those whose uncached prompt is longer than "
+    "--long-prefill-token-threshold, so short prompts keep a slot (default: no cap)",
+    "long_prefill_token_threshold": "a prompt with more uncached tokens is long, and gets at most this many "
+    "tokens per step (0: off)",
+    "scheduling_policy": "order of admission of waiting requests: fcfs (arrival), priority (the request's "
+    "priority, lower first) or fair (per-tenant virtual token counters, VTC; the request's tenant field)",
     "enable_lora": "serve LoRA adapters (requests pick one by their model field)",
     "max_loras": "GPU adapter slots: most distinct adapters among running requests",
     "max_lora_rank": "largest adapter rank accepted (each slot's size)",

@@ -1,11 +1,13 @@
 """Keeps `/openapi.json` accurate: every status a route can answer is documented with the error envelope,
-streamed bodies as `text/event-stream`, and FastAPI's default 422 (we answer 400) is removed."""
+streamed bodies as `text/event-stream`, FastAPI's default 422 (we answer 400) is removed, and links between
+operations are added (openapi_links.py)."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from shared_engine.entrypoints.openai.openapi_links import add_links
 from shared_engine.entrypoints.openai.protocol import ErrorResponse
 
 _DESCRIPTIONS = {
@@ -52,7 +54,7 @@ def install_openapi(app: FastAPI) -> None:
             components = schema.get("components", {}).get("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
                 components.pop(name, None)
-            app.openapi_schema = schema
+            app.openapi_schema = add_links(schema)
         return app.openapi_schema
 
     app.openapi = openapi

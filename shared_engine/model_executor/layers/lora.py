@@ -16,7 +16,8 @@ CPU and inside CUDA graphs (the slot map lives in `LoRAContext`'s fixed buffers,
 step). The cost is that of all `max_loras` slots whichever adapters the step uses (Punica's BGMV/SGMV
 kernels, Chen et al. 2023, https://arxiv.org/abs/2310.18547, read only the used ones). On CUDA the layers
 use those kernels instead (kernels/lora_bgmv.py: per-token shrink/expand reading each token's own slot,
-mixed ranks via `LoRAContext.slot_ranks`), with the same fixed buffers, so they are captured in CUDA graphs.
+mixed ranks via each layer's `slot_ranks`, 0 for a module the slot's adapter does not target), with the
+same fixed buffers, so they are captured in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ class LoRAContext:
         self.slot_mask = torch.zeros(max_num_tokens, max_loras, dtype=dtype, device=device)
         self._token_slots = torch.full((max_num_tokens,), -1, dtype=torch.int64, device=device)
         self._slot_ids = torch.arange(max_loras, device=device)
-        self.slot_ranks = torch.zeros(max_loras, dtype=torch.int32, device=device)  # rank of each slot's adapter
         self.use_kernels = torch.device(device).type == "cuda"
         self.active = False
 
@@ -76,6 +76,10 @@ class LoRAProjection(nn.Module):
         self.register_buffer("lora_a", torch.zeros(len(out_sizes) * width, in_features, dtype=dtype, device=device))
         for i, size in enumerate(out_sizes):
             self.register_buffer(f"lora_b_{i}", torch.zeros(width, size, dtype=dtype, device=device))
+        # [num_slices, max_loras] int32: each slot's rank in each slice, 0 where its adapter does not target
+        # the module (the kernels then skip it)
+        self.register_buffer("slot_ranks", torch.zeros(len(out_sizes), ctx.max_loras, dtype=torch.int32,
+                                                       device=device))
 
     def lora_b(self, index: int) -> torch.Tensor:
         return getattr(self, f"lora_b_{index}")
@@ -103,9 +107,10 @@ class LoRAProjection(nn.Module):
         a = self.lora_a.view(len(self.out_sizes), slots, rank, -1)
         offset = 0
         for i, size in enumerate(self.out_sizes):
-            shrunk = lora_shrink(x, a[i], ctx.token_slots, ctx.slot_ranks)  # [num_tokens, rank] fp32
+            ranks = self.slot_ranks[i]
+            shrunk = lora_shrink(x, a[i], ctx.token_slots, ranks)  # [num_tokens, rank] fp32
             lora_expand(out[:, offset : offset + size], shrunk, self.lora_b(i).view(slots, rank, size),
-                        ctx.token_slots, ctx.slot_ranks)
+                        ctx.token_slots, ranks)
             offset += size
         return out
 
@@ -118,6 +123,7 @@ class LoRAProjection(nn.Module):
         b_rows = slice(slot * self.max_rank, (slot + 1) * self.max_rank)
         self.lora_a[rows].zero_()
         self.lora_b(slice_index)[b_rows].zero_()
+        self.slot_ranks[slice_index, slot] = 0 if a is None else a.shape[0]
         if a is None:
             return
         r = a.shape[0]

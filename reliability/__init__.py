@@ -1,0 +1,1 @@
+"""The reliability suite: disconnect storm, soak, faults, abuse-shaped traffic (README "Reliability")."""
