@@ -206,7 +206,8 @@ class Scheduler:
     def _admit_waiting(self, out: SchedulerOutput, budget: int, scheduled_ids: set[str]) -> int:
         bm = self.block_manager
         caps = PartialPrefillCaps.for_step(self.config, self.running)
-        ordered = self.policy.order(self.waiting) if self.waiting else None
+        free_seqs = self.config.max_num_seqs - len(self.running)
+        ordered = self.policy.order(self.waiting, free_seqs) if self.waiting and free_seqs > 0 else None
         if ordered is not None:
             self.waiting.clear()
             self.waiting.extend(ordered)
