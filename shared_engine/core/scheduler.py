@@ -19,8 +19,7 @@ would exceed the limit is skipped, and so is every adapter request behind it (ba
 pass): no new adapter traffic joins until a slot frees, so the skipped request cannot be starved by a
 stream of requests for the adapters already resident.
 
-Partial-prefill caps (`prefill_caps.py`) cap a long prefill's chunk and skip a waiting request they do not admit.
-Session pins (`session_pins.py`) expire at `schedule(now)` and give way when nothing runs and the head is short.
+Helpers: partial-prefill caps (`prefill_caps.py`), session pins (`session_pins.py`, expired at `schedule(now)`).
 
 Scheduling policy (`config.scheduling_policy`, core/scheduling/): the order in which waiting requests are
 admitted and the preemption victim. `fcfs` (the default) keeps the queue's order as described above;
