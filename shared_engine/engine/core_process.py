@@ -7,7 +7,8 @@ users (case_rag_chatbot, README "The Fix"): a step took 41 ms in the server agai
 same step alone on the GPU. Here the engine loop has a whole interpreter to itself.
 
 Protocol, over two one-way `multiprocessing` pipes (pickled tuples):
-    API -> core   ("add", request_id, prompt_token_ids, params, prompt, cache_salt, lora_request)
+    API -> core   ("add", request_id, prompt_token_ids, params, prompt, cache_salt, lora_request, scheduling)
+                  (scheduling: a dict of `LLMEngine.add_request` keywords: priority, tenant)
                   ("abort", request_id)
                   ("shutdown",)
     core -> API   ("ready", EngineInfo)                    once, after the engine is built
@@ -87,11 +88,11 @@ def run_engine_core(config: EngineConfig, commands: Connection, results: Connect
                 handled = True
                 kind = command[0]
                 if kind == "add":
-                    _, request_id, ids, params, prompt, cache_salt, lora_request = command
+                    _, request_id, ids, params, prompt, cache_salt, lora_request, scheduling = command
                     num_adds_seen += 1
                     try:
                         engine.add_request(request_id, ids, params, prompt=prompt, cache_salt=cache_salt,
-                                           lora_request=lora_request)
+                                           lora_request=lora_request, **scheduling)
                     except ValueError as exc:
                         send(("rejected", request_id, str(exc)))
                 elif kind == "abort":

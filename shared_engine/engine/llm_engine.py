@@ -9,6 +9,7 @@ import time
 from shared_engine.config import EngineConfig
 from shared_engine.core.request import Request, RequestStatus
 from shared_engine.core.scheduler import build_scheduler
+from shared_engine.core.scheduling import check_scheduling_fields
 from shared_engine.distributed.partition import head_partition
 from shared_engine.distributed.tp_executor import make_model_runner
 from shared_engine.engine.async_output import AsyncOutputStepper
@@ -98,18 +99,22 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None, arrival_time: float | None = None,
-                    cache_salt: str | None = None, final_only: bool = False, lora_request=None) -> None:
+                    cache_salt: str | None = None, final_only: bool = False, lora_request=None,
+                    priority: int = 0, tenant: str | None = None) -> None:
         """Queue a request (fanned out into `params.n` sequences). With `final_only`, `step()` returns
         its output once, when it has finished (the offline API); otherwise after every new token.
 
         `lora_request` (a `shared_engine.lora.LoRARequest`) runs the request on that adapter (needs
         `enable_lora`); its weights are read into the CPU cache here, so a bad adapter is refused now.
+        `priority` (lower first) and `tenant` (whose fair-share counter it charges) are read by the
+        scheduling policy (`scheduling_policy` priority / fair); every policy accepts both.
 
         Raises:
             ValueError: an empty prompt, a prompt + max_tokens over max_model_len, sampling parameters
                 out of range, an invalid grammar or schema, an id in use, or an adapter that cannot be
                 loaded (`LoRAValidationError`). The engine keeps serving everyone else.
         """
+        check_scheduling_fields(priority, tenant)
         max_tokens = validate_request(prompt_token_ids, params, self.max_model_len, self.config.model.max_logprobs,
                                       self.source.arch.vocab_size)
         child_ids = [request_id] if params.n == 1 else [f"{index}_{request_id}" for index in range(params.n)]
@@ -128,6 +133,7 @@ class LLMEngine:
                 request_id=child_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params,
                 max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=arrival,
                 parent_id=request_id, index=index, cache_salt=cache_salt, lora_request=lora_request,
+                priority=priority, tenant=tenant,
             ))
         if lora_request is not None:
             for child in children:  # the first raises for a bad adapter; the rest find it cached

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Sequence
 
 from shared_engine.config import EngineConfig
+from shared_engine.core.scheduling import check_scheduling_fields
 from shared_engine.engine.llm_engine import LLMEngine
 from shared_engine.engine.tokenizer import apply_chat_template
 from shared_engine.lora.lora_request import LoRARequest
@@ -52,11 +53,14 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        priority: Sequence[int] | None = None,
+        tenant: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
         """Run prompts to completion; outputs come back in prompt order.
 
         `lora_request` (needs `enable_lora=True`): one adapter for every prompt, or one (or None, the base
-        model) per prompt, as vLLM's.
+        model) per prompt, as vLLM's. `priority` (one per prompt, lower first; vLLM's) and `tenant` (one
+        for all or one per prompt) feed the `scheduling_policy` (priority / fair).
 
         A prompt is a string, a list of token ids, or `{"prompt_token_ids": [...]}` / `{"prompt": "..."}`
         (a dict may add `"cache_salt"`: requests share cached prefix blocks only under the same salt);
@@ -67,7 +71,8 @@ class LLM:
         params = _params_for(batch, sampling_params)
         encoded = [self._encode(p) for p in batch]
         salts = [p.get("cache_salt") if isinstance(p, dict) else None for p in batch]
-        return self._run(encoded, params, use_tqdm, salts, _loras_for(batch, lora_request))
+        return self._run(encoded, params, use_tqdm, salts, _loras_for(batch, lora_request),
+                         _scheduling_for(batch, priority, tenant))
 
     def chat(
         self,
@@ -76,9 +81,11 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        priority: Sequence[int] | None = None,
+        tenant: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them, then generate
-        (`lora_request` as in `generate`)."""
+        (`lora_request`, `priority` and `tenant` as in `generate`)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         params = _params_for(conversations, sampling_params)
         tok = self.engine.tokenizer
@@ -86,7 +93,8 @@ class LLM:
         for conv in conversations:
             ids = apply_chat_template(tok, conv, add_generation_prompt)
             encoded.append((tok.decode(ids), ids))
-        return self._run(encoded, params, use_tqdm, None, _loras_for(conversations, lora_request))
+        return self._run(encoded, params, use_tqdm, None, _loras_for(conversations, lora_request),
+                         _scheduling_for(conversations, priority, tenant))
 
     def _encode(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
@@ -100,18 +108,21 @@ class LLM:
             return prompt, tok.encode(prompt) if prompt else []
         return None, list(prompt)
 
-    def _run(self, encoded, params, use_tqdm: bool, salts=None, loras=None) -> list[RequestOutput]:
+    def _run(self, encoded, params, use_tqdm: bool, salts=None, loras=None, scheduling=None) -> list[RequestOutput]:
         engine = self.engine
         loras = loras or [None] * len(encoded)
+        scheduling = scheduling or [{}] * len(encoded)
         for (_, ids), p in zip(encoded, params):  # validate everything before queueing anything
             engine_check(engine, ids, p)
         for lora in {lora for lora in loras if lora is not None}:
             engine_check_lora(engine, lora)
         order = {}
-        for (text, ids), p, salt, lora in zip(encoded, params, salts or [None] * len(encoded), loras):
+        for (text, ids), p, salt, lora, sched in zip(encoded, params, salts or [None] * len(encoded), loras,
+                                                     scheduling):
             request_id = str(next(self._ids))
             order[request_id] = len(order)
-            engine.add_request(request_id, ids, p, prompt=text, cache_salt=salt, final_only=True, lora_request=lora)
+            engine.add_request(request_id, ids, p, prompt=text, cache_salt=salt, final_only=True, lora_request=lora,
+                               **sched)
         results: list[RequestOutput | None] = [None] * len(order)
         bar = _progress(len(order), use_tqdm)
         while engine.has_unfinished_requests():
@@ -145,6 +156,21 @@ def _loras_for(batch: list, lora_request) -> list:
     if len(lora_request) != len(batch):
         raise ValueError(f"got {len(lora_request)} lora_requests for {len(batch)} prompts")
     return list(lora_request)
+
+
+def _scheduling_for(batch: list, priority, tenant) -> list[dict]:
+    """Per prompt, the `add_request` keywords of the scheduling policy. Raises `ValueError` for a length
+    mismatch."""
+    if priority is None:
+        priority = [0] * len(batch)
+    elif len(priority) != len(batch):
+        raise ValueError(f"got {len(priority)} priorities for {len(batch)} prompts")
+    tenants = [tenant] * len(batch) if tenant is None or isinstance(tenant, str) else list(tenant)
+    if len(tenants) != len(batch):
+        raise ValueError(f"got {len(tenants)} tenants for {len(batch)} prompts")
+    for p, t in zip(priority, tenants):
+        check_scheduling_fields(p, t)
+    return [{"priority": p, "tenant": t} for p, t in zip(priority, tenants)]
 
 
 def _as_batch(prompts) -> list:

@@ -28,6 +28,7 @@ from shared_engine.sampling_params import SamplingParams
 from shared_engine.sim.hardware import HardwareProfile
 from shared_engine.sim.metrics import SimMetrics
 from shared_engine.sim.slo_watch import SloWatch
+from shared_engine.sim.spec_step import SimSpeculation
 from shared_engine.sim.step_time import StepShape, StepTimeModel
 from shared_engine.sim.workload import RequestSpec, WorkloadGenerator
 from shared_engine.sim.workload_spec import WorkloadSpec
@@ -115,6 +116,7 @@ class Simulator:
         seconds = self.step_model.seconds_from_totals
         specs: dict[str, RequestSpec] = {}
         itl = metrics.itl
+        speculation = SimSpeculation.of(self.config, self.max_model_len)  # None: speculation off
         now = 0.0
         while True:
             if workload.peek_time() <= now:
@@ -128,6 +130,8 @@ class Simulator:
                     return metrics
                 now = max(now, upcoming)
                 continue
+            if speculation is not None:
+                speculation.propose(scheduler.running)
             out = scheduler.schedule(now)
             if out.is_empty:
                 self._stalled(scheduler, workload)
@@ -145,7 +149,8 @@ class Simulator:
                 pairs += n * start + (n * (n + 1) >> 1)
                 if item.needs_sample:
                     request = item.request
-                    sampled[request.request_id] = _DUMMY_TOKENS
+                    sampled[request.request_id] = (speculation.tokens(item.num_draft_tokens)
+                                                   if item.num_draft_tokens else _DUMMY_TOKENS)
                     if request.last_token_time is not None:
                         last_token_times.append(request.last_token_time)
             num_tokens = out.num_batched_tokens
@@ -215,4 +220,5 @@ def _cyclic_gc_paused():
 
 def _request(spec: RequestSpec) -> Request:
     return Request(request_id=spec.request_id, prompt_token_ids=spec.prompt_token_ids, sampling_params=_PARAMS,
-                   max_tokens=spec.max_tokens, arrival_time=spec.arrival_time, lora_name=spec.lora_name)
+                   max_tokens=spec.max_tokens, arrival_time=spec.arrival_time, lora_name=spec.lora_name,
+                   tenant=spec.tenant)

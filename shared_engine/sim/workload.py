@@ -43,6 +43,7 @@ class RequestSpec:
     max_tokens: int
     lora_name: str | None = None
     session: Session | None = None
+    tenant: str | None = None  # whose fair-share counter it charges (`--scheduling-policy fair`)
 
 
 class TraceWorkload:
@@ -163,4 +164,5 @@ class WorkloadGenerator:
         session.turns_left -= 1
         self.num_issued += 1
         rid = f"r{self.replica}-{self.num_issued}"
-        return RequestSpec(rid, time, prefix + message, max_tokens, session.adapter, session)
+        tenant = session.adapter if self.spec.adapters.tenant_per_adapter else None
+        return RequestSpec(rid, time, prefix + message, max_tokens, session.adapter, session, tenant)

@@ -12,6 +12,8 @@
       turns_per_session: 1       # > 1: multi-turn sessions whose prompts grow by every earlier turn
       think_time_s: 5            # between the turns of a session
     adapters: {num_adapters: 30, popularity: zipf, zipf_s: 1.2}   # per-request LoRA adapters
+                                 # (+ tenant_per_adapter: true: each adapter is its own tenant, for the
+                                 #  engine's --scheduling-policy fair)
     slo: {p99_ttft_ms: 800, p99_tpot_ms: 100}
     prices: {api_input_usd_per_1m: 0.15, api_output_usd_per_1m: 0.60, date: 2026-05, source: "..."}
 """
@@ -48,6 +50,7 @@ class AdapterSpec:
     popularity: str = "uniform"  # or "zipf": adapter k (1-based) drawn with weight k**-zipf_s
     zipf_s: float = 1.1
     base_fraction: float = 0.0  # share of requests that use no adapter
+    tenant_per_adapter: bool = False  # each adapter's requests are one tenant's (base-model ones: tenant None)
 
     def __post_init__(self) -> None:
         check_range("adapters.num_adapters", self.num_adapters, 0)

@@ -10,8 +10,12 @@ tokens to its tenant's counter before the next pick, as VTC charges a prompt on 
 
 A tenant with no waiting request that sends one is lifted to the lowest counter among the tenants that
 have waiting requests (or, if none has, to the counter of the tenant most recently admitted), so idle
-time earns no credit. Requests without a tenant share one counter (tenant None). Running requests are not
-preempted for fairness; preemption keeps the scheduler's default (the most recent arrival).
+time earns no credit. Requests without a tenant share one counter (tenant None). Counters of tenants with
+no live request are kept; when there are more than 2 * `_MAX_DEPARTED` of them, all but the highest
+`_MAX_DEPARTED` are dropped (a tenant at or below the floor loses nothing, the lift restores it; one above
+it loses at most the lead its last requests gave it), so a stream of distinct tenant names cannot grow the
+table without bound. Running requests are not preempted for fairness; preemption keeps the scheduler's
+default (the most recent arrival).
 
 Bound (VTC, Theorem 4.3): while two tenants are backlogged, their counters stay within
 2 * max(prefill_weight * max prompt tokens, decode_weight * max output tokens in the batch) of each other.
@@ -25,6 +29,8 @@ from collections.abc import Iterable
 
 from shared_engine.core.request import Request
 from shared_engine.core.scheduling.registry import SchedulingPolicy, register_scheduling_policy
+
+_MAX_DEPARTED = 256  # counters kept for tenants with no live request (beyond that, the lowest are dropped)
 
 
 def _num_outputs(request: Request) -> int:
@@ -47,9 +53,11 @@ class FairPolicy(SchedulingPolicy):
         self.counters: dict[str | None, float] = {}
         self._charged: dict[str, tuple[int, int]] = {}  # request id -> (prompt tokens, output tokens) charged
         self._last_admitted: float = 0.0  # counter of the tenant most recently admitted
+        self._live: dict[str | None, int] = {}  # tenant -> its requests in the scheduler
 
     def on_arrival(self, request: Request, waiting: deque[Request]) -> None:
         tenant = request.tenant
+        self._live[tenant] = self._live.get(tenant, 0) + 1
         backlogged = {r.tenant for r in waiting}
         if tenant in backlogged:
             return
@@ -76,25 +84,41 @@ class FairPolicy(SchedulingPolicy):
                 heapq.heappush(heap, (counter, queue[k + 1].arrival_order, i, tenant))
         return ordered
 
+    def _prune(self) -> None:
+        """Keep the `_MAX_DEPARTED` highest counters of tenants with no live request; drop the rest."""
+        live, counters = self._live, self.counters
+        departed = sorted((c, i, t) for i, (t, c) in enumerate(counters.items()) if t not in live)
+        for _, _, tenant in departed[:len(departed) - _MAX_DEPARTED]:
+            del counters[tenant]
+
     def _charge(self, request: Request) -> None:
-        rid = request.request_id
-        prompt_done, outputs_done = self._charged.get(rid, (-1, 0))
-        if prompt_done < 0:  # first service: the request left the waiting queue
-            prompt_done = 0
-            self._last_admitted = self.counters.get(request.tenant, 0.0)
-        prompt = min(request.num_computed_tokens, len(request.prompt_token_ids))
-        outputs = _num_outputs(request)
-        served = (self.prefill_weight * max(0, prompt - prompt_done)
-                  + self.decode_weight * max(0, outputs - outputs_done))
+        """Add the service the request got since its last charge to its tenant's counter."""
+        rid, tenant = request.request_id, request.tenant
+        first = rid not in self._charged
+        prompt_done, outputs_done = self._charged.get(rid, (0, 0))
+        prompt = max(prompt_done, min(request.num_computed_tokens, len(request.prompt_token_ids)))
+        outputs = max(outputs_done, _num_outputs(request))
+        served = self.prefill_weight * (prompt - prompt_done) + self.decode_weight * (outputs - outputs_done)
+        if first:
+            if not served:
+                return  # never served (aborted while waiting)
+            self._last_admitted = self.counters.get(tenant, 0.0)  # it just left the waiting queue
         if served:
-            self.counters[request.tenant] = self.counters.get(request.tenant, 0.0) + served
-        self._charged[rid] = (max(prompt, prompt_done), max(outputs, outputs_done))
+            self.counters[tenant] = self.counters.get(tenant, 0.0) + served
+        self._charged[rid] = (prompt, outputs)
 
     def on_served(self, requests: Iterable[Request]) -> None:
         for request in requests:
             self._charge(request)
 
     def on_finished(self, request: Request) -> None:
-        if request.request_id in self._charged:
-            self._charge(request)
+        self._charge(request)  # its last step's tokens (a request may finish on its first step)
         self._charged.pop(request.request_id, None)
+        tenant = request.tenant
+        n = self._live.get(tenant, 0) - 1
+        if n > 0:
+            self._live[tenant] = n
+            return
+        self._live.pop(tenant, None)
+        if len(self.counters) > len(self._live) + 2 * _MAX_DEPARTED:  # amortised: a sort every _MAX_DEPARTED
+            self._prune()

@@ -41,6 +41,14 @@ class SchedulingPolicy:
         """The request left the scheduler (finished or aborted); called before its queue entry goes."""
 
 
+def check_scheduling_fields(priority, tenant) -> None:
+    """A request's policy inputs: `priority` an int, `tenant` a non-empty string or None. Raises `ValueError`."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be an integer, got {priority!r}")
+    if tenant is not None and (not isinstance(tenant, str) or not tenant):
+        raise ValueError(f"tenant must be a non-empty string or None, got {tenant!r}")
+
+
 def register_scheduling_policy(name: str):
     def wrap(cls):
         _POLICIES[name] = cls

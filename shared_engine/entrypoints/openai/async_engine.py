@@ -78,7 +78,8 @@ class AsyncEngineBase:
         raise NotImplementedError
 
     def _submit_add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None, cache_salt: str | None = None, lora_request=None) -> None:
+                    prompt: str | None, cache_salt: str | None = None, lora_request=None,
+                    scheduling: dict | None = None) -> None:
         raise NotImplementedError
 
     def _submit_abort(self, request_id: str) -> None:
@@ -96,11 +97,13 @@ class AsyncEngineBase:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None, stream: asyncio.Queue | None = None,
-                    cache_salt: str | None = None, lora_request=None) -> asyncio.Queue:
+                    cache_salt: str | None = None, lora_request=None, priority: int = 0,
+                    tenant: str | None = None) -> asyncio.Queue:
         """Queue a request. Its events arrive on `stream` (a new queue unless given; several requests
         may share one) as `(request_id, item)`: item is a `RequestOutput`, None (aborted) or an
         exception (the request failed); a finished output, None or an exception is the last one.
-        `lora_request` (a `LoRARequest`) runs it on that adapter.
+        `lora_request` (a `LoRARequest`) runs it on that adapter; `priority` and `tenant` go to the
+        scheduling policy (`LLMEngine.add_request`).
 
         Raises:
             EngineDeadError, OverloadedError, ValueError (invalid request, or `request_id` in use).
@@ -115,7 +118,8 @@ class AsyncEngineBase:
             raise DuplicateRequestError(f"request id {request_id!r} is already in use by a running request")
         stream = asyncio.Queue() if stream is None else stream
         self._streams[request_id] = stream
-        self._submit_add(request_id, prompt_token_ids, params, prompt, cache_salt, lora_request)
+        self._submit_add(request_id, prompt_token_ids, params, prompt, cache_salt, lora_request,
+                         {"priority": priority, "tenant": tenant})
         return stream
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -236,10 +240,12 @@ class AsyncEngine(AsyncEngineBase):
     def _num_in_transit(self) -> int:
         return self._num_queued_adds
 
-    def _submit_add(self, request_id, prompt_token_ids, params, prompt, cache_salt=None, lora_request=None) -> None:
+    def _submit_add(self, request_id, prompt_token_ids, params, prompt, cache_salt=None, lora_request=None,
+                    scheduling=None) -> None:
         with self._count_lock:
             self._num_queued_adds += 1
-        self._commands.put(("add", request_id, prompt_token_ids, params, prompt, cache_salt, lora_request))
+        self._commands.put(("add", request_id, prompt_token_ids, params, prompt, cache_salt, lora_request,
+                            scheduling or {}))
         self._wakeup.set()
 
     def _submit_abort(self, request_id: str) -> None:
@@ -281,10 +287,10 @@ class AsyncEngine(AsyncEngineBase):
             except queue.Empty:
                 return
             if command[0] == "add":
-                _, request_id, ids, params, prompt, cache_salt, lora_request = command
+                _, request_id, ids, params, prompt, cache_salt, lora_request, scheduling = command
                 try:
                     self.engine.add_request(request_id, ids, params, prompt=prompt, cache_salt=cache_salt,
-                                            lora_request=lora_request)
+                                            lora_request=lora_request, **scheduling)
                 except ValueError as exc:
                     self._loop.call_soon_threadsafe(self._deliver_error, request_id, exc)
                 finally:

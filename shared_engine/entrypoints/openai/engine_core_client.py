@@ -112,11 +112,13 @@ class EngineCoreClient(AsyncEngineBase):
             self._commands.send(message)
 
     def _submit_add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None, cache_salt: str | None = None, lora_request=None) -> None:
+                    prompt: str | None, cache_salt: str | None = None, lora_request=None,
+                    scheduling: dict | None = None) -> None:
         self._decoder.register(request_id, prompt, prompt_token_ids)
         self._num_adds_sent += 1
         try:
-            self._send(("add", request_id, prompt_token_ids, params, prompt, cache_salt, lora_request))
+            self._send(("add", request_id, prompt_token_ids, params, prompt, cache_salt, lora_request,
+                        scheduling or {}))
         except OSError as exc:
             self._streams.pop(request_id, None)
             self._decoder.forget(request_id)

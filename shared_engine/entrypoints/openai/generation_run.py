@@ -29,6 +29,8 @@ class Job:
     prompt: str | None = None
     cache_salt: str | None = None  # requests share cached prefix blocks only under the same salt
     lora_request: object | None = None  # LoRARequest: the adapter the request's `model` named
+    priority: int = 0  # the scheduling policy's inputs (LLMEngine.add_request)
+    tenant: str | None = None
 
 
 class ClientDisconnected(Exception):
@@ -64,7 +66,8 @@ class GenerationRun:
                 self.engine.check_request(job.prompt_token_ids, job.params)
             for rid, job in zip(self.request_ids, self.jobs):
                 self.engine.add_request(rid, job.prompt_token_ids, job.params, job.prompt, stream=self.queue,
-                                        cache_salt=job.cache_salt, lora_request=job.lora_request)
+                                        cache_salt=job.cache_salt, lora_request=job.lora_request,
+                                        priority=job.priority, tenant=job.tenant)
                 self._open.add(rid)
         except DuplicateRequestError as e:
             self.abort()

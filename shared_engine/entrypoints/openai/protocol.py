@@ -2,8 +2,8 @@
 
 Field names, types and ranges follow OpenAI's API and vLLM's extensions (`top_k`, `min_p`,
 `repetition_penalty`, `stop_token_ids`, `ignore_eos`, `min_tokens`, `cache_salt`, `prompt_logprobs`,
-`request_id`, `include_stop_str_in_output`, `skip_special_tokens`). Range checks here become 400s
-before anything reaches the engine; limits that depend on the server's configuration (`n`,
+`request_id`, `include_stop_str_in_output`, `skip_special_tokens`, `priority`) and ours (`tenant`).
+Range checks here become 400s before anything reaches the engine; limits that depend on the server's configuration (`n`,
 `top_logprobs`, the context length) are checked by the handlers. A field this server does not know is a
 400 naming it (`extra="forbid"`): nothing a client sends is silently dropped.
 """
@@ -84,6 +84,10 @@ class SamplingFields(OpenAIModel):
     cache_salt: str | None = Field(None, min_length=1, max_length=1024)
     prompt_logprobs: int | None = Field(None, ge=0, le=_INT64)
     request_id: str | None = Field(None, min_length=1, max_length=256)
+    # scheduling policy inputs: lower `priority` first (--scheduling-policy priority; vLLM's field) and the
+    # `tenant` whose fair-share counter the request charges (--scheduling-policy fair)
+    priority: int = Field(0, ge=-(2**31), lt=2**31)
+    tenant: str | None = Field(None, min_length=1, max_length=256)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 

@@ -51,7 +51,8 @@ class ServingChat:
         ids = await ctx.off_loop(render_chat, ctx.need_tokenizer(), req.messages, req.add_generation_prompt, tools)
         check_prompt_tokens(ctx.server_config, [len(ids)], req.n, "messages")
         run = GenerationRun(ctx.async_engine, ctx.metrics, ctx.base_id("chatcmpl", req),
-                            [Job(ids, params, cache_salt=ctx.cache_salt(req, request), lora_request=lora)])
+                            [Job(ids, params, cache_salt=ctx.cache_salt(req, request), lora_request=lora,
+                                 priority=req.priority, tenant=req.tenant)])
         run.start()
         if req.stream:
             return event_stream(self._stream(run, req, request, mode))

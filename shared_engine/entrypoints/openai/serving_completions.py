@@ -40,7 +40,7 @@ class ServingCompletions:
         check_prompt_tokens(ctx.server_config, [len(ids) for _, ids in prompts], req.n, "prompt")
         salt = ctx.cache_salt(req, request)
         run = GenerationRun(ctx.async_engine, ctx.metrics, ctx.base_id("cmpl", req),
-                            [Job(ids, params, text, salt, lora) for text, ids in prompts])
+                            [Job(ids, params, text, salt, lora, req.priority, req.tenant) for text, ids in prompts])
         run.start()
         if req.stream:
             return event_stream(self._stream(run, req, prompts, scoring, request))
