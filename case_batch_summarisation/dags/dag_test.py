@@ -8,7 +8,8 @@ virtual environment (`make airflow-venv`), never the engine's:
 RUNS (default 1) runs of the same conf one after another (with a `night` in the conf, the later runs find the
 night's shards finished and skip them). Prints one JSON line per run. `BATCH_FAULT_KILL_SHARD=shard-00000`:
 the fault test: SIGKILL that shard's engine process once, mid-shard (after its engine has started), so that
-the task fails and Airflow's retry has to finish the shard.
+the task fails and Airflow's retry has to finish the shard. `DAG_TEST_OUT=FILE`: also write the runs, the
+conf, the command, the commit and the machine to FILE (a results file).
 
 Exit status 1 (and the failed tasks' states) if any task failed or the DAG file does not import cleanly.
 """
@@ -26,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 DAGS = Path(__file__).resolve().parent
+sys.path.insert(0, str(DAGS.parents[1]))
 
 
 def kill_once(night_dir: Path, shard: str, timeout_s: float = 600) -> threading.Thread:
@@ -62,7 +64,7 @@ def main() -> int:
         print(json.dumps({"import_errors": {k: str(v) for k, v in bag.import_errors.items()}}))
         return 1
     dag = bag.get_dag("ticket_summaries")
-    ok = True
+    ok, results, started = True, [], time.time()
     if os.environ.get("BATCH_FAULT_KILL_SHARD"):
         kill_once(Path(os.environ["BATCH_NIGHTS_DIR"]) / (conf.get("night") or "2026-12-01"),
                   os.environ["BATCH_FAULT_KILL_SHARD"])
@@ -73,11 +75,27 @@ def main() -> int:
         tries = {f"{ti.task_id}[{ti.map_index}]": ti.try_number for ti in tis}
         night = Path(os.environ["BATCH_NIGHTS_DIR"]) / (conf.get("night") or f"2026-12-{1 + i:02d}")
         report = json.loads((night / "report.json").read_text()) if (night / "report.json").exists() else None
-        print(json.dumps({"dag_run_state": str(run.state), "task_states": states, "try_numbers": tries,
-                          "night_dir": str(night),
-                          "report": report}), flush=True)
+        results.append({"dag_run_state": str(run.state), "task_states": states, "try_numbers": tries,
+                        "night_dir": str(night), "report": report})
+        print(json.dumps(results[-1]), flush=True)
         ok = ok and str(run.state).endswith("success")
+    if os.environ.get("DAG_TEST_OUT"):
+        write_results(Path(os.environ["DAG_TEST_OUT"]), conf, results, time.time() - started)
     return 0 if ok else 1
+
+
+def write_results(path: Path, conf: dict, runs: list[dict], wall_s: float) -> None:
+    import platform
+
+    from benchmarks.env_info import git_commit
+
+    path.write_text(json.dumps({
+        "benchmark": "dag_test", "command": " ".join(sys.argv), "git_commit": git_commit(),
+        "machine": {"cpu_cores": os.cpu_count(), "load_average_1_5_15": list(os.getloadavg()),
+                    "python": platform.python_version()},
+        "engine_config": os.environ.get("BATCH_ENGINE_CONFIG", "case_batch_summarisation/the_fix/config_cpu.yaml"),
+        "fault": os.environ.get("BATCH_FAULT_KILL_SHARD"), "conf": conf, "wall_s": wall_s, "runs": runs},
+        indent=2))
 
 
 if __name__ == "__main__":

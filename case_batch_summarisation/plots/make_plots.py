@@ -32,7 +32,7 @@ def main() -> None:
             bars = ax.bar(names, [first[key], fix[key]], color=["#c44", "#4a4"])
             ax.bar_label(bars, fmt="%.2f")
             ax.set_ylabel(label)
-        commit = fix.get("git_commit", "?")[:7]
+        commit = str(fix.get("commit", "?"))[:7]
         fig.suptitle(f"{fix['num_tickets']} tickets, SmolLM2-135M-Instruct, 2-core CPU (commit {commit})")
         fig.tight_layout()
         fig.savefig(CASE / "plots" / "first_vs_fix_cpu.png", dpi=110)

@@ -16,6 +16,11 @@ class CacheConfig:
     The pool size comes from, in order: `num_gpu_blocks_override` (blocks, any device);
     `kv_cache_memory` (bytes, any device; the CPU default is 2 GiB); `gpu_memory_utilization` (fraction of
     device memory the engine may claim on CUDA, KV cache = that minus weights and peak activations).
+
+    Session pins (core/session_pins.py; Continuum's KV time-to-live): a finished turn with a session id
+    keeps its cached prefix blocks out of eviction for `session_pin_ttl` seconds (0: off) or until the
+    session's next turn; `max_pinned_blocks` caps the pinned block references (None: half the pool), the
+    oldest pin going first. Needs prefix caching.
     """
 
     block_size: int = 16
@@ -25,6 +30,8 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     prefix_cache_eviction: str = "lru"
     prefix_caching_hash_algo: str = "sha256"
+    session_pin_ttl: float = 0.0
+    max_pinned_blocks: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("block_size", self.block_size, BLOCK_SIZES)
@@ -33,3 +40,5 @@ class CacheConfig:
         check_range("num_gpu_blocks_override", self.num_gpu_blocks_override, 1, allow_none=True)
         check_choice("prefix_cache_eviction", self.prefix_cache_eviction, {"lru", "cost"})
         check_choice("prefix_caching_hash_algo", self.prefix_caching_hash_algo, {"sha256", "builtin"})
+        check_range("session_pin_ttl", self.session_pin_ttl, 0.0, 86400.0)
+        check_range("max_pinned_blocks", self.max_pinned_blocks, 0, allow_none=True)

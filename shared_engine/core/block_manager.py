@@ -20,6 +20,11 @@ Prefix caching rules:
   back (`is_prefix_pending`), so requests with the same uncached prefix never compute it twice at once
   and reuse it as soon as it is complete.
 
+Session pins (`session_pins.py`): `free(request, now)` of a finished turn with a `session_id` pins its cached
+prefix blocks (one reference each) for `pin_ttl` seconds of the caller's clock; `expire_pins(now)` releases
+the expired ones, the session's next `allocate` releases its pin after taking its own references, and
+`release_oldest_pin` lets a caller with nothing running make room.
+
 Resources follow check/commit pairs: `can_allocate` → `allocate`, then `free`. `check_integrity()`
 verifies the invariants; tests call it after every step.
 """
@@ -31,11 +36,13 @@ from collections import Counter, deque
 from shared_engine.core.block_hash import HASH_FUNCTIONS, ROOT, BlockHash, extra_keys_for, hash_block
 from shared_engine.core.eviction import make_policy
 from shared_engine.core.request import Request
+from shared_engine.core.session_pins import SessionPins
 
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 eviction: str = "lru", hash_algo: str = "sha256") -> None:
+                 eviction: str = "lru", hash_algo: str = "sha256", pin_ttl: float = 0.0,
+                 max_pinned_blocks: int | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
@@ -53,6 +60,14 @@ class BlockManager:
         self._request_hashes: dict[str, list[BlockHash]] = {}
         self._num_registered: dict[str, int] = {}
         self._pending: dict[BlockHash, str] = {}
+        cap = num_blocks // 2 if max_pinned_blocks is None else max_pinned_blocks
+        self.pins = SessionPins(pin_ttl if enable_prefix_caching else 0.0, cap)
+
+    @classmethod
+    def from_config(cls, num_blocks: int, cache) -> BlockManager:
+        """The pool for a `CacheConfig` (`session_pin_ttl`, `max_pinned_blocks` included)."""
+        return cls(num_blocks, cache.block_size, cache.enable_prefix_caching, cache.prefix_cache_eviction,
+                   cache.prefix_caching_hash_algo, cache.session_pin_ttl, cache.max_pinned_blocks)
 
     # ---- queries -------------------------------------------------------------------------------------
     @property
@@ -112,6 +127,14 @@ class BlockManager:
         new = self._blocks_needed(request, num_new_tokens, num_lookahead_tokens, len(cached_blocks))
         return new + revived <= self.num_free_blocks
 
+    def can_allocate_unpinning(self, request: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
+        """`can_allocate`, releasing the oldest session pins while the pool is short (for a caller with
+        nothing running, whom pins must not stall: time might not advance until something runs)."""
+        while not self.can_allocate(request, num_new_tokens, cached_blocks=cached_blocks):
+            if not self.release_oldest_pin():
+                return False
+        return True
+
     def allocate(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0,
                  cached_blocks: list[int] = ()) -> list[int]:
         """Grow the request's block table to cover its next `num_new_tokens` tokens (after `cached_blocks`,
@@ -140,6 +163,8 @@ class BlockManager:
         table.extend(new_blocks)
         if self.enable_prefix_caching:
             self._mark_pending(request, len(table))
+        if self.pins and request.session_id is not None:  # the session's next turn: its own references now
+            self._drop_refs(self.pins.pop(request.session_id) or [])
         return new_blocks
 
     def cache_computed_blocks(self, request: Request) -> None:
@@ -182,10 +207,54 @@ class BlockManager:
                 self._free.appendleft(block)
         del table[keep:]
 
-    def free(self, request: Request) -> None:
-        """Drop the request's references. Blocks nobody holds become free, or evictable if cached."""
+    def free(self, request: Request, now: float | None = None) -> None:
+        """Drop the request's references. Blocks nobody holds become free, or evictable if cached. Given
+        `now` (a finished turn; seconds, the caller's clock) and a `session_id`, pin first (module docstring)."""
         rid = request.request_id
         table = self.block_tables.pop(rid, [])
+        if now is not None and self.pins.ttl > 0 and request.session_id is not None:
+            prefix = []
+            for block in table:
+                if self._block_hash[block] is None:
+                    break
+                prefix.append(block)
+                self.ref_counts[block] += 1
+            for blocks in self.pins.add(request.session_id, now + self.pins.ttl, prefix):
+                self._drop_refs(blocks)
+        self._drop_refs(table)
+        for h in [h for h, owner in self._pending.items() if owner == rid] if self._pending else []:
+            del self._pending[h]
+        self._request_hashes.pop(rid, None)
+        self._num_registered.pop(rid, None)
+
+    def expire_pins(self, now: float | None) -> None:
+        """Release the session pins whose time-to-live ended at or before `now` (the caller's clock; None:
+        no clock, nothing expires)."""
+        if self.pins and now is not None:
+            for blocks in self.pins.pop_expired(now):
+                self._drop_refs(blocks)
+
+    def release_oldest_pin(self) -> bool:
+        """Release the oldest session pin (its blocks become evictable); False when there is none."""
+        blocks = self.pins.pop_oldest()
+        if blocks is not None:
+            self._drop_refs(blocks)
+        return blocks is not None
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        return self.pins.num_blocks
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every evictable cached block (e.g. after a weight or adapter change); pins go first."""
+        while self.release_oldest_pin():
+            pass
+        while len(self._evictable):
+            self._free.append(self._uncache(self._evictable.evict()))
+
+    # ---- internals -----------------------------------------------------------------------------------
+    def _drop_refs(self, table: list[int]) -> None:
+        """One reference less on each block of `table` (root first); unheld ones become free or evictable."""
         released = []
         for block in table:
             self.ref_counts[block] -= 1
@@ -194,17 +263,7 @@ class BlockManager:
         self._evictable.add_chain([(b, self._block_depth[b], self._block_hits[b])
                                    for b in released if self._block_hash[b] is not None])
         self._free.extend(b for b in reversed(released) if self._block_hash[b] is None)
-        for h in [h for h, owner in self._pending.items() if owner == rid] if self._pending else []:
-            del self._pending[h]
-        self._request_hashes.pop(rid, None)
-        self._num_registered.pop(rid, None)
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every evictable cached block (e.g. after a weight or adapter change)."""
-        while len(self._evictable):
-            self._free.append(self._uncache(self._evictable.evict()))
-
-    # ---- internals -----------------------------------------------------------------------------------
     def _blocks_needed(self, request, num_new_tokens, num_lookahead_tokens, num_cached_blocks) -> int:
         computed = num_cached_blocks * self.block_size if num_cached_blocks else request.num_computed_tokens
         needed = self.blocks_for_tokens(computed + num_new_tokens + num_lookahead_tokens)
@@ -255,6 +314,7 @@ class BlockManager:
         holding it; every unreferenced block is in exactly one of the free pool (no cached KV) and the
         evictable set (cached KV); the hash index and the blocks' hashes agree."""
         held = Counter(block for table in self.block_tables.values() for block in table)
+        held.update(self.pins.blocks())
         free = Counter(self._free)
         assert all(c == 1 for c in free.values()), "a block is in the free pool twice"
         for block in range(self.num_blocks):

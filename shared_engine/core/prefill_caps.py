@@ -34,11 +34,12 @@ class PartialPrefillCaps:
             self.add(remaining)
 
     @classmethod
-    def for_step(cls, config: SchedulerConfig, running: Iterable) -> PartialPrefillCaps | None:
-        """This step's caps, counting the `running` requests mid-prefill; None when no cap is set."""
+    def for_step(cls, config: SchedulerConfig, running: Iterable) -> PartialPrefillCaps | _NoCaps:
+        """This step's caps, counting the `running` requests mid-prefill (without a cap set: one that
+        admits everything, counting nothing)."""
         if not (config.max_num_partial_prefills or config.max_long_partial_prefills
                 or config.long_prefill_token_threshold):
-            return None
+            return _NO_CAPS
         return cls(config, (r.num_remaining_tokens for r in running))
 
     @staticmethod
@@ -66,3 +67,16 @@ class PartialPrefillCaps:
             return
         self.num_partial += 1
         self.num_long += self.is_long(remaining)
+
+
+class _NoCaps:
+    @staticmethod
+    def admits(remaining: int) -> bool:
+        return True
+
+    @staticmethod
+    def add(remaining: int) -> None:
+        pass
+
+
+_NO_CAPS = _NoCaps()

@@ -50,6 +50,9 @@ class Request:
     # virtual token counter it charges; `--scheduling-policy fair`)
     priority: int = 0
     tenant: str | None = None
+    # the agent session this turn belongs to (`X-Session-Id`): its cached prefix is pinned for
+    # `session_pin_ttl` seconds after it finishes, until the session's next turn (core/session_pins.py)
+    session_id: str | None = None
     # The adapter (None: the base model). `lora_name` and `lora_version` key the prefix cache and count
     # toward the scheduler's `max_loras`; `lora_request` (a `shared_engine.lora.LoRARequest`, plain data)
     # tells the model runner which weights to load. Given a `lora_request`, the other two come from it.

@@ -19,8 +19,7 @@ would exceed the limit is skipped, and so is every adapter request behind it (ba
 pass): no new adapter traffic joins until a slot frees, so the skipped request cannot be starved by a
 stream of requests for the adapters already resident.
 
-Partial-prefill caps (`prefill_caps.py`): a long prefill's chunk is capped; a waiting request the caps do not
-admit is skipped (those behind it may pass), so short turns join beside a long cold prefill.
+Helpers: partial-prefill caps (`prefill_caps.py`), session pins (`session_pins.py`, expired at `schedule(now)`).
 
 Scheduling policy (`config.scheduling_policy`, core/scheduling/): the order in which waiting requests are
 admitted and the preemption victim. `fcfs` (the default) keeps the queue's order as described above;
@@ -56,8 +55,7 @@ def build_scheduler(config, num_blocks: int, max_model_len: int) -> Scheduler:
     """The scheduler and block manager for an `EngineConfig`, built one way for the engine and the capacity
     model alike (so the simulator can never drift from what the engine decides)."""
     cache = config.cache
-    block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching,
-                                 cache.prefix_cache_eviction, cache.prefix_caching_hash_algo)
+    block_manager = BlockManager.from_config(num_blocks, cache)
     max_loras = config.lora.max_loras if config.lora.enable_lora else None
     return Scheduler(config.scheduler, block_manager, max_model_len, max_loras)
 
@@ -112,6 +110,7 @@ class Scheduler:
         if self._drafts_in_flight:
             raise RuntimeError("a step with draft tokens must be resolved before the next one is scheduled")
         self._now = now
+        self.block_manager.expire_pins(now)
         out = SchedulerOutput()
         budget = self.config.token_budget
         scheduled_ids: set[str] = set()
@@ -206,7 +205,8 @@ class Scheduler:
     def _admit_waiting(self, out: SchedulerOutput, budget: int, scheduled_ids: set[str]) -> int:
         bm = self.block_manager
         caps = PartialPrefillCaps.for_step(self.config, self.running)
-        ordered = self.policy.order(self.waiting) if self.waiting else None
+        free_seqs = self.config.max_num_seqs - len(self.running)
+        ordered = self.policy.order(self.waiting, free_seqs) if self.waiting and free_seqs > 0 else None
         if ordered is not None:
             self.waiting.clear()
             self.waiting.extend(ordered)
@@ -226,7 +226,7 @@ class Scheduler:
                 continue
             num_cached_tokens = len(cached) * bm.block_size
             num_uncached = num_new = request.num_tokens - num_cached_tokens
-            if caps is not None and not caps.admits(num_uncached):
+            if not caps.admits(num_uncached):
                 deferred.append(self.waiting.popleft())  # no prefill slot for it: later ones may pass
                 continue
             if num_new > budget:
@@ -236,7 +236,8 @@ class Scheduler:
             num_new = self._chunk(num_new, budget)
             if self.running and not self._above_watermark(request, num_new, cached):
                 break
-            if not bm.can_allocate(request, num_new, cached_blocks=cached):
+            fits = bm.can_allocate if self.running else bm.can_allocate_unpinning  # idle: pins give way
+            if not fits(request, num_new, cached_blocks=cached):
                 break
             self.waiting.popleft()
             bm.allocate(request, num_new, cached_blocks=cached)
@@ -249,8 +250,7 @@ class Scheduler:
             request.num_computed_tokens = num_cached_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            if caps is not None:
-                caps.add(num_uncached)
+            caps.add(num_uncached)
             if active is not None and request.lora_name is not None:
                 active.add(request.lora_key)
             self._add(out, request, num_new, num_new == num_uncached, bm.block_tables[request.request_id],
@@ -394,7 +394,7 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        self.block_manager.free(request)
+        self.block_manager.free(request, now)  # `now` (a normal finish) pins a session's prefix
         request.status = status
         request.finished_time = now if now is not None else request.last_token_time
         self.requests.pop(request.request_id, None)

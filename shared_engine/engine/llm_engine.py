@@ -100,7 +100,7 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None, arrival_time: float | None = None,
                     cache_salt: str | None = None, final_only: bool = False, lora_request=None,
-                    priority: int = 0, tenant: str | None = None) -> None:
+                    priority: int = 0, tenant: str | None = None, session_id: str | None = None) -> None:
         """Queue a request (fanned out into `params.n` sequences). With `final_only`, `step()` returns
         its output once, when it has finished (the offline API); otherwise after every new token.
 
@@ -108,6 +108,8 @@ class LLMEngine:
         `enable_lora`); its weights are read into the CPU cache here, so a bad adapter is refused now.
         `priority` (lower first) and `tenant` (whose fair-share counter it charges) are read by the
         scheduling policy (`scheduling_policy` priority / fair); every policy accepts both.
+        `session_id` (an agent session's turns share it): with `session_pin_ttl`, the finished turn's cached
+        prefix stays pinned until the session's next turn or the time-to-live ends (core/session_pins.py).
 
         Raises:
             ValueError: an empty prompt, a prompt + max_tokens over max_model_len, sampling parameters
@@ -133,7 +135,7 @@ class LLMEngine:
                 request_id=child_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params,
                 max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=arrival,
                 parent_id=request_id, index=index, cache_salt=cache_salt, lora_request=lora_request,
-                priority=priority, tenant=tenant,
+                priority=priority, tenant=tenant, session_id=session_id,
             ))
         if lora_request is not None:
             for child in children:  # the first raises for a bad adapter; the rest find it cached

@@ -135,3 +135,66 @@ def test_integrity_with_adapter_churn(lora_llm, events, seed):
         bm.check_integrity()
     assert bm.num_free_blocks == bm.num_blocks
     assert not manager._users and len(manager.cpu_keys) <= 2
+
+
+# ---- with session pins (Continuum's KV time-to-live) -------------------------------------------------
+# one event per step: new requests [(session 0-3, prompt_len, max_tokens)], aborts; a session's prompts
+# share its tokens, so its turns hit each other's pinned prefixes
+pin_events = st.lists(
+    st.tuples(
+        st.lists(st.tuples(st.integers(0, 3), st.integers(1, 100), st.integers(1, 20)), max_size=3),
+        st.lists(st.integers(0, 50), max_size=1),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+_MOST_PINNED = [0]  # across the runs below, for the check that they pinned at all
+
+
+@pytest.fixture(scope="module")
+def pin_llm(tiny_model_dir):
+    return LLM(str(tiny_model_dir), load_format="dummy", num_gpu_blocks_override=24, block_size=8,
+               max_model_len=160, max_num_batched_tokens=48, max_num_seqs=6, session_pin_ttl=3600.0,
+               max_pinned_blocks=10)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=pin_events, seed=st.integers(0, 1000))
+def test_integrity_with_session_pins(pin_llm, events, seed):
+    """Integrity after every step with pins held across requests, the cap never exceeded, and 0 leaked
+    blocks: once every request ended and the pins expire, every block is free."""
+    engine = pin_llm.engine
+    bm = engine.block_manager
+    live: list[str] = []
+    counter = 0
+    for new, aborts in events:
+        for session, prompt_len, max_tokens in new:
+            request_id = f"s{counter}"
+            counter += 1
+            prompt = [(seed + 11 * session + 3 * i) % 120 + 3 for i in range(prompt_len)]
+            engine.add_request(request_id, prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=max_tokens,
+                                                                  ignore_eos=True), session_id=f"sess{session}")
+            live.append(request_id)
+        for selector in aborts:
+            if live:
+                engine.abort_request(live.pop(selector % len(live)))
+        for output in engine.step():
+            if output.finished:
+                live.remove(output.request_id)
+        bm.check_integrity()
+        assert bm.num_pinned_blocks <= 10
+        _MOST_PINNED[0] = max(_MOST_PINNED[0], bm.num_pinned_blocks)
+    while engine.has_unfinished_requests():
+        engine.step()
+        bm.check_integrity()
+    assert not bm.block_tables
+    bm.expire_pins(float("inf"))
+    bm.check_integrity()
+    assert bm.num_pinned_blocks == 0 and bm.num_free_blocks == bm.num_blocks
+
+
+def test_pin_run_exercised_pins(pin_llm):
+    """The random runs above must have pinned prefixes and reused cached ones (runs after them)."""
+    assert _MOST_PINNED[0] > 0 and pin_llm.engine.scheduler.prefix_cache_hits > 0

@@ -101,6 +101,36 @@ def test_vtc_bound_random_configs(seed):
     assert sched.policy.counters == pytest.approx(service)
 
 
+def test_fair_order_with_a_limit_is_the_full_orders_prefix():
+    from collections import deque
+
+    from shared_engine.core.scheduling import make_scheduling_policy
+
+    rng = random.Random(3)
+    policy = make_scheduling_policy("fair")
+    waiting = deque()
+    for i in range(300):
+        request = make(f"t{rng.randrange(7)}", rng.randint(1, 200), 4)
+        policy.on_arrival(request, waiting)
+        waiting.append(request)
+        if i % 50 == 0:  # some tenants ahead of others
+            policy.counters[request.tenant] = policy.counters.get(request.tenant, 0) + rng.randint(0, 2000)
+    full = policy.order(waiting, len(waiting))
+    assert sorted(map(id, full)) == sorted(map(id, waiting))
+    for limit in (1, 5, 40):
+        part = policy.order(waiting, limit)
+        assert part[:limit] == full[:limit]
+        assert part[limit:] == sorted(part[limit:], key=lambda r: r.arrival_order)
+        assert sorted(map(id, part)) == sorted(map(id, waiting))
+    # the full order is VTC's: each pick is the tenant with the lowest counter after the picks before it
+    counters = dict(policy.counters)
+    for request in full:
+        waiting_tenants = {r.tenant for r in waiting}
+        assert counters.get(request.tenant, 0) == min(counters.get(t, 0) for t in waiting_tenants)
+        waiting.remove(request)
+        counters[request.tenant] = counters.get(request.tenant, 0) + request.num_prompt_tokens
+
+
 @pytest.mark.parametrize("heavy_prompt", [64, 1000])  # 1000: long prompts, chunked over 16 steps each
 def test_heavy_tenant_cannot_starve_a_light_one(heavy_prompt):
     finished = {}

@@ -21,7 +21,7 @@ def _key(request: Request) -> tuple[int, int]:
 class PriorityPolicy(SchedulingPolicy):
     name = "priority"
 
-    def order(self, waiting: deque[Request]) -> list[Request]:
+    def order(self, waiting: deque[Request], limit: int) -> list[Request]:
         return sorted(waiting, key=_key)
 
     def preemption_key(self, request: Request):

@@ -26,8 +26,10 @@ class SchedulingPolicy:
     def on_arrival(self, request: Request, waiting: deque[Request]) -> None:
         """A request is about to join `waiting` (not yet in it)."""
 
-    def order(self, waiting: deque[Request]) -> list[Request] | None:
-        """The waiting requests in admission order, or None to keep the queue's order."""
+    def order(self, waiting: deque[Request], limit: int) -> list[Request] | None:
+        """The waiting requests in admission order, or None to keep the queue's order. At most `limit`
+        can be admitted this step (free sequence slots): a policy may order only that many and leave the
+        rest in arrival order (the next step orders again)."""
         return None
 
     def preemption_key(self, request: Request):

@@ -98,12 +98,12 @@ class AsyncEngineBase:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None, stream: asyncio.Queue | None = None,
                     cache_salt: str | None = None, lora_request=None, priority: int = 0,
-                    tenant: str | None = None) -> asyncio.Queue:
+                    tenant: str | None = None, session_id: str | None = None) -> asyncio.Queue:
         """Queue a request. Its events arrive on `stream` (a new queue unless given; several requests
         may share one) as `(request_id, item)`: item is a `RequestOutput`, None (aborted) or an
         exception (the request failed); a finished output, None or an exception is the last one.
         `lora_request` (a `LoRARequest`) runs it on that adapter; `priority` and `tenant` go to the
-        scheduling policy (`LLMEngine.add_request`).
+        scheduling policy and `session_id` to session pinning (`LLMEngine.add_request`).
 
         Raises:
             EngineDeadError, OverloadedError, ValueError (invalid request, or `request_id` in use).
@@ -119,7 +119,7 @@ class AsyncEngineBase:
         stream = asyncio.Queue() if stream is None else stream
         self._streams[request_id] = stream
         self._submit_add(request_id, prompt_token_ids, params, prompt, cache_salt, lora_request,
-                         {"priority": priority, "tenant": tenant})
+                         {"priority": priority, "tenant": tenant, "session_id": session_id})
         return stream
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,

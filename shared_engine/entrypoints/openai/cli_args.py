@@ -65,6 +65,10 @@ _HELP = {
     "tokens per step (0: off)",
     "scheduling_policy": "order of admission of waiting requests: fcfs (arrival), priority (the request's "
     "priority, lower first) or fair (per-tenant virtual token counters, VTC; the request's tenant field)",
+    "session_pin_ttl": "seconds a finished turn's cached prefix stays pinned (not evictable) while its session "
+    "(X-Session-Id) may send the next turn (Continuum's KV time-to-live; 0: off)",
+    "max_pinned_blocks": "most KV block references held by session pins, oldest released first (default: half "
+    "the pool)",
     "enable_lora": "serve LoRA adapters (requests pick one by their model field)",
     "max_loras": "GPU adapter slots: most distinct adapters among running requests",
     "max_lora_rank": "largest adapter rank accepted (each slot's size)",

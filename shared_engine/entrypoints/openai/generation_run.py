@@ -31,6 +31,7 @@ class Job:
     lora_request: object | None = None  # LoRARequest: the adapter the request's `model` named
     priority: int = 0  # the scheduling policy's inputs (LLMEngine.add_request)
     tenant: str | None = None
+    session_id: str | None = None  # its finished turn's prefix is pinned (--session-pin-ttl)
 
 
 class ClientDisconnected(Exception):
@@ -67,7 +68,8 @@ class GenerationRun:
             for rid, job in zip(self.request_ids, self.jobs):
                 self.engine.add_request(rid, job.prompt_token_ids, job.params, job.prompt, stream=self.queue,
                                         cache_salt=job.cache_salt, lora_request=job.lora_request,
-                                        priority=job.priority, tenant=job.tenant)
+                                        priority=job.priority, tenant=job.tenant,
+                                        session_id=job.session_id)
                 self._open.add(rid)
         except DuplicateRequestError as e:
             self.abort()

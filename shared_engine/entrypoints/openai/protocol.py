@@ -88,6 +88,8 @@ class SamplingFields(OpenAIModel):
     # `tenant` whose fair-share counter the request charges (--scheduling-policy fair)
     priority: int = Field(0, ge=-(2**31), lt=2**31)
     tenant: str | None = Field(None, min_length=1, max_length=256)
+    # the agent session this turn belongs to (else the `X-Session-Id` header): --session-pin-ttl pins its prefix
+    session_id: str | None = Field(None, min_length=1, max_length=256)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 

@@ -98,6 +98,20 @@ class ServingContext:
         message = key.encode() + b"\0" + (req.cache_salt or "").encode()
         return hmac.new(self._salt_secret, message, hashlib.sha256).hexdigest()
 
+    @staticmethod
+    def session_id(req: SamplingFields, request) -> str | None:
+        """The body's `session_id`, else the `X-Session-Id` header (what nginx hashes for affinity).
+
+        Raises:
+            APIError: 400 for a header longer than 256 characters.
+        """
+        if req.session_id is not None:
+            return req.session_id
+        header = request.headers.get("x-session-id", "").strip()
+        if len(header) > 256:
+            raise bad_request(f"X-Session-Id must be at most 256 characters, got {len(header)}", "X-Session-Id")
+        return header or None
+
     def check_structured(self, structured: StructuredOutputsParams | None, param: str) -> None:
         """Raises `APIError` 400 (with `param`) for a schema or grammar llguidance rejects."""
         if structured is None:

@@ -52,7 +52,8 @@ class ServingChat:
         check_prompt_tokens(ctx.server_config, [len(ids)], req.n, "messages")
         run = GenerationRun(ctx.async_engine, ctx.metrics, ctx.base_id("chatcmpl", req),
                             [Job(ids, params, cache_salt=ctx.cache_salt(req, request), lora_request=lora,
-                                 priority=req.priority, tenant=req.tenant)])
+                                 priority=req.priority, tenant=req.tenant,
+                                 session_id=ctx.session_id(req, request))])
         run.start()
         if req.stream:
             return event_stream(self._stream(run, req, request, mode))

@@ -39,8 +39,10 @@ class ServingCompletions:
         prompts = await self._prompts(req.prompt)
         check_prompt_tokens(ctx.server_config, [len(ids) for _, ids in prompts], req.n, "prompt")
         salt = ctx.cache_salt(req, request)
+        session = ctx.session_id(req, request)
         run = GenerationRun(ctx.async_engine, ctx.metrics, ctx.base_id("cmpl", req),
-                            [Job(ids, params, text, salt, lora, req.priority, req.tenant) for text, ids in prompts])
+                            [Job(ids, params, text, salt, lora, req.priority, req.tenant, session)
+                             for text, ids in prompts])
         run.start()
         if req.stream:
             return event_stream(self._stream(run, req, prompts, scoring, request))
