@@ -39,6 +39,23 @@ def sample_memory(stop: threading.Event, every_s: float, out: list[dict]) -> Non
         stop.wait(every_s)
 
 
+def memory_summary(samples: list[dict], warmup_s: float) -> dict:
+    """Per container: resident MiB at the start (after warm-up), end and max, and the least-squares slope
+    over the whole steady part and over its second half (a one-off drop, e.g. the kernel reclaiming
+    file-backed pages under memory pressure, dominates the first)."""
+    steady = [s for s in samples if s["t"] >= warmup_s]
+    memory = {}
+    for service in rag_stack.SERVICES:
+        points = [(s["t"], s[service]) for s in steady if s.get(service)]
+        if points:
+            half = points[len(points) // 2:]
+            memory[service] = {"start_mib": points[0][1], "end_mib": points[-1][1],
+                               "max_mib": max(v for _, v in points),
+                               "slope_mib_per_hour": round(slope_per_hour(points) or 0.0, 2),
+                               "slope_second_half_mib_per_hour": round(slope_per_hour(half) or 0.0, 2)}
+    return memory
+
+
 def windows(events: list[dict], t0: float, window_s: float) -> list[dict]:
     rows = []
     end = max((e["t"] for e in events), default=t0)
@@ -66,7 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/reliability-soak"))
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--keep-up", action="store_true", help="leave the stack running at the end")
+    p.add_argument("--reanalyse-memory", action="store_true",
+                   help="recompute the memory summary from WORK_DIR/samples.json into the results file; run nothing")
     args = p.parse_args(argv)
+    if args.reanalyse_memory:
+        data = json.loads(args.out.read_text())
+        samples = json.loads((args.work_dir / "samples.json").read_text())
+        data["soak"]["memory"] = memory_summary(samples, data["soak"]["config"]["warmup_s"])
+        args.out.write_text(json.dumps(data, indent=2) + "\n")
+        print(json.dumps(data["soak"]["memory"], indent=1))
+        return 0
     args.work_dir.mkdir(parents=True, exist_ok=True)
     events_path = args.work_dir / "events.jsonl"
     events_path.unlink(missing_ok=True)
@@ -99,14 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     stats = json.loads((args.work_dir / "locust.json").read_text())
     requests = sum(s["num_requests"] for s in stats if s["method"] == "POST")
     failures = sum(s["num_failures"] for s in stats)
-    steady = [s for s in samples if s["t"] >= args.warmup_s]
-    memory = {}
-    for service in rag_stack.SERVICES:
-        points = [(s["t"], s[service]) for s in steady if s.get(service)]
-        if points:
-            memory[service] = {"start_mib": points[0][1], "end_mib": points[-1][1],
-                               "max_mib": max(v for _, v in points),
-                               "slope_mib_per_hour": round(slope_per_hour(points) or 0.0, 2)}
+    memory = memory_summary(samples, args.warmup_s)
     per_window = windows(events, t0 + args.warmup_s, args.window_s)
     full = [w for w in per_window if w["requests"] > 0 and w["start_s"] + args.window_s <= args.duration_s]
     p95s = [w["p95_ttft_ms"] for w in full if w["p95_ttft_ms"]]
