@@ -48,7 +48,7 @@ def stack(images):
 
 
 def promql(stack: Stack, query: str) -> list[dict]:
-    r = httpx.get(f"{stack.prometheus}/api/v1/query", params={"query": query}, timeout=10)
+    r = httpx.get(f"{stack.prometheus}/api/v1/query", params={"query": query}, timeout=30)
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["status"] == "success", body
