@@ -89,6 +89,23 @@ def test_model_field_picks_adapter_in_a_mixed_batch(srv, refs):
         bodies = list(pool.map(lambda n: complete(srv, n or srv.model, QUESTION), names))
     for name, body in zip(names, bodies):
         assert text(body) == refs[name][0], name
+        assert body["model"] == (name or srv.model)  # the adapter's name, as vLLM answers
+
+
+def test_responses_echo_the_adapter_name(srv):
+    """`model` in every response and stream chunk is the requested adapter's name (the base model's name for
+    the base), for completions and chat, streamed or not."""
+    chat = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 3, "temperature": 0}
+    for name in ["qv8", "all16", srv.model]:
+        assert complete(srv, name, QUESTION, max_tokens=3)["model"] == name
+        r = user(srv, "/v1/chat/completions", {**chat, "model": name})
+        assert r.status_code == 200 and r.json()["model"] == name, r.text
+        for path, body in [("/v1/completions", {"prompt": QUESTION, "max_tokens": 3}), ("/v1/chat/completions", chat)]:
+            r = user(srv, path, {**body, "model": name, "stream": True,
+                                 "stream_options": {"include_usage": True}})
+            chunks = [json.loads(line[6:]) for line in r.text.splitlines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+            assert len(chunks) >= 3 and {c["model"] for c in chunks} == {name}, (path, name, chunks)
 
 
 def test_unknown_adapter_is_404_never_the_base(srv):

@@ -77,6 +77,11 @@ class ServingContext:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
         return lora
 
+    def response_model(self, lora) -> str:
+        """The response's `model`: the adapter's name for a request on an adapter (as vLLM answers), else
+        the served model name."""
+        return self.model_name if lora is None else lora.lora_name
+
     def need_tokenizer(self):
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer: send token ids")

@@ -55,14 +55,15 @@ class ServingChat:
                                  priority=req.priority, tenant=req.tenant,
                                  session_id=ctx.session_id(req, request))])
         run.start()
+        model = ctx.response_model(lora)
         if req.stream:
-            return event_stream(self._stream(run, req, request, mode))
+            return event_stream(self._stream(run, req, request, mode, model))
         try:
             (out,) = await run.results(request)
         except ClientDisconnected:
             return Response(status_code=499)
         choices = [self._choice(c, req, mode, k) for c in out.outputs]
-        body = ChatCompletionResponse(id=run.request_ids[0].rsplit("-", 1)[0], model=ctx.model_name,
+        body = ChatCompletionResponse(id=run.request_ids[0].rsplit("-", 1)[0], model=model,
                                       choices=choices, usage=usage([out]))
         if req.prompt_logprobs is not None and ctx.token_text is not None:
             body.prompt_logprobs = prompt_logprobs(ctx.token_text, out.prompt_token_ids, out.prompt_logprobs,
@@ -97,13 +98,13 @@ class ServingChat:
         entries = (c.logprobs or [])[start:end]
         return ChatLogprobs(content=chat_logprobs(self.ctx.token_text, c.token_ids[start:end], entries, k))
 
-    async def _stream(self, run: GenerationRun, req: ChatCompletionRequest, request: Request, mode: str | None):
-        ctx = self.ctx
+    async def _stream(self, run: GenerationRun, req: ChatCompletionRequest, request: Request, mode: str | None,
+                      model: str):
         base_id, created = run.request_ids[0].rsplit("-", 1)[0], int(time.time())
         k = self._top_logprobs(req)
 
         def chunk(choices, usage_=None):
-            return sse(ChatCompletionChunk(id=base_id, created=created, model=ctx.model_name, choices=choices,
+            return sse(ChatCompletionChunk(id=base_id, created=created, model=model, choices=choices,
                                            usage=usage_))
 
         yield chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))

@@ -44,15 +44,16 @@ class ServingCompletions:
                             [Job(ids, params, text, salt, lora, req.priority, req.tenant, session)
                              for text, ids in prompts])
         run.start()
+        model = ctx.response_model(lora)
         if req.stream:
-            return event_stream(self._stream(run, req, prompts, scoring, request))
+            return event_stream(self._stream(run, req, prompts, scoring, request, model))
         try:
             outputs = await run.results(request)
         except ClientDisconnected:
             return Response(status_code=499)
         choices = [self._choice(pi * req.n + c.index, prompts[pi], out, c, req, scoring, echo=req.echo)
                    for pi, out in enumerate(outputs) for c in out.outputs]
-        body = CompletionResponse(id=run.request_ids[0].rsplit("-", 1)[0], model=ctx.model_name,
+        body = CompletionResponse(id=run.request_ids[0].rsplit("-", 1)[0], model=model,
                                   choices=choices, usage=usage(outputs, count_generated=not scoring))
         return JSONResponse(body.model_dump(mode="json"))
 
@@ -130,8 +131,7 @@ class ServingCompletions:
         return choice
 
     async def _stream(self, run: GenerationRun, req: CompletionRequest, prompts, scoring: bool,
-                      request: Request):
-        ctx = self.ctx
+                      request: Request, model: str):
         base_id, created = run.request_ids[0].rsplit("-", 1)[0], int(time.time())
         cursors: dict[tuple[int, int], ChoiceCursor] = {}
         offsets: dict[tuple[int, int], int] = {}  # text_offset of each choice's next token
@@ -152,7 +152,7 @@ class ServingCompletions:
                                               text=delta.text, offset=offsets.get((pi, c.index), 0))
                         if choice.logprobs is not None and choice.logprobs.tokens:
                             offsets[(pi, c.index)] = choice.logprobs.text_offset[-1] + len(choice.logprobs.tokens[-1])
-                        yield sse(CompletionResponse(id=base_id, created=created, model=ctx.model_name,
+                        yield sse(CompletionResponse(id=base_id, created=created, model=model,
                                                      choices=[choice]))
             except ClientDisconnected:
                 return
@@ -162,6 +162,6 @@ class ServingCompletions:
                 return
         if req.stream_options is not None and req.stream_options.include_usage:
             outputs = [finals[i] for i in sorted(finals)]
-            yield sse(CompletionResponse(id=base_id, created=created, model=ctx.model_name, choices=[],
+            yield sse(CompletionResponse(id=base_id, created=created, model=model, choices=[],
                                          usage=usage(outputs, count_generated=not scoring)))
         yield DONE
