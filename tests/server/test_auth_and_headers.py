@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import select
 import socket
+import time
 
 import pytest
 
@@ -146,4 +147,18 @@ def test_serve_enforces_the_head_limits(server):
     answer, _ = _send_head(server.url, _big_header(64 * 1024))
     status = b"431" if importlib.util.find_spec("httptools") else b"400"  # h11's own cap answers 400
     assert answer.startswith(b"HTTP/1.1 " + status), answer[:200]
+    assert server.get("/health").status_code == 200
+
+
+def test_serve_closes_a_slow_request_head(server):
+    """`serve` passes the read deadlines to uvicorn: a head trickled past --header-read-timeout-s (default
+    10 s) gets 408 and the connection is closed (tests/server/test_slowloris.py has the details)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    limit = ServerConfig().header_read_timeout_s
+    with socket.create_connection((host, int(port)), timeout=limit + 10) as sock:
+        start = time.monotonic()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        answer = sock.recv(65536)
+        seconds = time.monotonic() - start
+    assert answer.startswith(b"HTTP/1.1 408") and limit * 0.9 <= seconds < limit + 5, (answer[:100], seconds)
     assert server.get("/health").status_code == 200

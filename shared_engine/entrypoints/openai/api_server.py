@@ -202,7 +202,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> None
     logger.info("Serving %s on http://%s:%d", app.state.ctx.model_name, host, port)
     server = uvicorn.Server(uvicorn.Config(
         app, host=host, port=port, log_level=server_config.uvicorn_log_level, timeout_graceful_shutdown=5,
-        **uvicorn_http_options(server_config.max_header_bytes, server_config.max_headers)))
+        **uvicorn_http_options(server_config.max_header_bytes, server_config.max_headers,
+                               limits=server_config.connection_limits)))
     server.run()
     error = app.state.ctx.async_engine.error
     if error is not None:  # the supervisor (compose restart:, Kubernetes) starts a fresh server

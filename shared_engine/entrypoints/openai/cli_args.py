@@ -38,6 +38,11 @@ _HELP = {
     "max_prompt_tokens_per_request": "most prompt tokens per request, summed over its sequences (default 131072)",
     "max_header_bytes": "largest request line + headers in bytes; larger get 431 (default 32768)",
     "max_headers": "most request headers; more get 431 (default 100)",
+    "header_read_timeout_s": "seconds a connection may take to send a request head (from connecting, or from "
+    "the previous response's end); then 408 and closed (slowloris; default 10)",
+    "body_read_timeout_s": "seconds a request body may take to arrive after its headers; then 408 and closed "
+    "(default 30)",
+    "max_connections": "most open connections; past it a new one gets 503 and is closed (default 2048)",
     "health_timeout_s": "/health answers 503 when the engine has work and no step finished for this long "
     "(a hung step; default 60)",
     "max_request_body_bytes": "larger request bodies get 413",

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from shared_engine.entrypoints.openai.http_deadlines import ConnectionLimits, with_deadlines
+
 _BODY = json.dumps({"error": {"message": "request header fields too large", "type": "invalid_request_error",
                               "param": None, "code": 431}}).encode()
 _RESPONSE_431 = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
@@ -73,12 +75,19 @@ def limited_httptools_protocol(max_header_bytes: int, max_headers: int) -> type:
     return LimitedHttpToolsProtocol
 
 
-def uvicorn_http_options(max_header_bytes: int, max_headers: int, httptools: bool = True) -> dict[str, Any]:
+def uvicorn_http_options(max_header_bytes: int, max_headers: int, httptools: bool = True,
+                         limits: ConnectionLimits | None = None) -> dict[str, Any]:
     """Keyword arguments for `uvicorn.run` / `uvicorn.Config` that enforce the head limits (h11 when
-    `httptools` is False or not installed)."""
+    `httptools` is False or not installed) and, with `limits`, the read deadlines and the connection cap
+    (http_deadlines.py)."""
     if httptools:
         try:
-            return {"http": limited_httptools_protocol(max_header_bytes, max_headers)}
+            protocol = limited_httptools_protocol(max_header_bytes, max_headers)
+            return {"http": protocol if limits is None else with_deadlines(protocol, limits)}
         except ImportError:
             pass
-    return {"http": "h11", "h11_max_incomplete_event_size": max_header_bytes}
+    if limits is None:
+        return {"http": "h11", "h11_max_incomplete_event_size": max_header_bytes}
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    return {"http": with_deadlines(H11Protocol, limits), "h11_max_incomplete_event_size": max_header_bytes}

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from shared_engine.config.validation import check_range
+from shared_engine.entrypoints.openai.http_deadlines import ConnectionLimits
 
 API_KEY_ENV = ("SHARED_ENGINE_API_KEY", "VLLM_API_KEY")
 CACHE_SALT_SECRET_ENV = "SHARED_ENGINE_CACHE_SALT_SECRET"
@@ -52,6 +53,9 @@ class ServerConfig:
     max_prompt_tokens_per_request: int = 131072
     max_header_bytes: int = 32 * 1024
     max_headers: int = 100
+    header_read_timeout_s: float = 10.0
+    body_read_timeout_s: float = 30.0
+    max_connections: int = 2048
     health_timeout_s: float = 60.0
     uvicorn_log_level: str = "info"
     disable_frontend_multiprocessing: bool = False
@@ -65,9 +69,15 @@ class ServerConfig:
         check_range("port", self.port, 0, 65535)
         for name in ("max_request_body_bytes", "max_n", "max_stop_strings", "max_stop_string_len",
                      "max_stop_token_ids", "max_prompts_per_request", "max_prompt_tokens_per_request",
-                     "max_header_bytes", "max_headers"):
+                     "max_header_bytes", "max_headers", "max_connections"):
             check_range(name, getattr(self, name), 1)
-        check_range("health_timeout_s", self.health_timeout_s, 0, low_open=True)
+        for name in ("health_timeout_s", "header_read_timeout_s", "body_read_timeout_s"):
+            check_range(name, getattr(self, name), 0, low_open=True)
+
+    @property
+    def connection_limits(self) -> ConnectionLimits:
+        """The read deadlines and connection cap for uvicorn's protocol (http_deadlines.py)."""
+        return ConnectionLimits(self.header_read_timeout_s, self.body_read_timeout_s, self.max_connections)
 
     def resolved_cache_salt_secret(self) -> str | None:
         """The secret the per-key salts are derived under: given, from the env, or None (the server then
