@@ -21,6 +21,10 @@ class CacheConfig:
     keeps its cached prefix blocks out of eviction for `session_pin_ttl` seconds (0: off) or until the
     session's next turn; `max_pinned_blocks` caps the pinned block references (None: half the pool), the
     oldest pin going first. Needs prefix caching.
+
+    KV offload (core/host_kv_tier.py, model_executor/kv_offloader.py): `kv_offload_size` GiB of host memory
+    (pinned on CUDA; per tensor-parallel rank) keep cached prefix blocks evicted from the GPU pool, copied
+    back on a prefix hit instead of recomputed (0: off). Needs prefix caching.
     """
 
     block_size: int = 16
@@ -32,6 +36,7 @@ class CacheConfig:
     prefix_caching_hash_algo: str = "sha256"
     session_pin_ttl: float = 0.0
     max_pinned_blocks: int | None = None
+    kv_offload_size: float = 0.0
 
     def __post_init__(self) -> None:
         check_choice("block_size", self.block_size, BLOCK_SIZES)
@@ -42,3 +47,11 @@ class CacheConfig:
         check_choice("prefix_caching_hash_algo", self.prefix_caching_hash_algo, {"sha256", "builtin"})
         check_range("session_pin_ttl", self.session_pin_ttl, 0.0, 86400.0)
         check_range("max_pinned_blocks", self.max_pinned_blocks, 0, allow_none=True)
+        check_range("kv_offload_size", self.kv_offload_size, 0.0, 4096.0)
+
+    def num_host_blocks(self, bytes_per_block: int) -> int:
+        """Blocks in the KV offload tier: `kv_offload_size` GiB over one block's bytes (the busiest rank's);
+        0 when offload or prefix caching is off (the tier holds prefix-cache blocks)."""
+        if self.kv_offload_size <= 0 or not self.enable_prefix_caching:
+            return 0
+        return int(self.kv_offload_size * 1024**3) // bytes_per_block

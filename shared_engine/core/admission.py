@@ -46,10 +46,10 @@ class Admission:
                 deferred.append(self.waiting.popleft())
                 continue
             cached = bm.find_cached_prefix(request)
-            if bm.is_prefix_pending(request, len(cached)):
+            if bm.is_prefix_pending(request, cached.num_blocks):
                 deferred.append(self.waiting.popleft())  # its prefix is being computed: reuse it next step
                 continue
-            num_cached_tokens = len(cached) * bm.block_size
+            num_cached_tokens = cached.num_blocks * bm.block_size
             num_uncached = num_new = request.num_tokens - num_cached_tokens
             if not caps.admits(num_uncached):
                 deferred.append(self.waiting.popleft())  # no prefill slot for it: later ones may pass
@@ -69,6 +69,9 @@ class Admission:
             if bm.enable_prefix_caching:
                 self.prefix_cache_queries += request.num_tokens
                 self.prefix_cache_hits += num_cached_tokens
+                if bm.host is not None:  # vLLM's external prefix cache counters: what missed on the GPU
+                    self.host_prefix_cache_queries += request.num_tokens - len(cached) * bm.block_size
+                    self.host_prefix_cache_hits += len(cached.host_hashes) * bm.block_size
             if request.first_scheduled_time is None:  # first admission (not a resume after preemption)
                 request.num_cached_tokens = num_cached_tokens
                 request.first_scheduled_time = self._now
@@ -84,9 +87,9 @@ class Admission:
         self.waiting.extendleft(reversed(deferred))
         return budget
 
-    def _above_watermark(self, request: Request, num_new: int, cached: list[int]) -> bool:
+    def _above_watermark(self, request: Request, num_new: int, cached) -> bool:
         """Admission leaves a few blocks free so that running decodes are not preempted at once."""
         bm = self.block_manager
-        revived = sum(1 for b in cached if bm.ref_counts[b] == 0)
-        needed = bm.blocks_for_tokens(len(cached) * bm.block_size + num_new) - len(cached) + revived
+        num_cached = cached.num_blocks
+        needed = bm.blocks_for_tokens(num_cached * bm.block_size + num_new) - num_cached + bm.num_revived(cached)
         return needed + self._watermark_blocks <= bm.num_free_blocks

@@ -25,6 +25,13 @@ prefix blocks (one reference each) for `pin_ttl` seconds of the caller's clock; 
 the expired ones, the session's next `allocate` releases its pin after taking its own references, and
 `release_oldest_pin` lets a caller with nothing running make room.
 
+KV offload (`host_kv_tier.py`, `num_host_blocks` > 0): a cached block that the pool evicts to reuse is offered to
+the host tier, and a GPU -> host copy `(gpu block, host slot)` is queued; a lookup that misses on the GPU
+continues in the host tier (`CachedPrefix.host_hashes`), and `allocate` gives each such block a new GPU block,
+registered at once, with a host -> GPU copy `(host slot, gpu block)` queued. `take_copies` hands a step's
+copies to the scheduler's output; the model runner runs them (offloads first) before that step's forward, so
+a restored block is read only after its KV is back and an evicted block is copied before it is overwritten.
+
 Resources follow check/commit pairs: `can_allocate` → `allocate`, then `free`. `check_integrity()`
 verifies the invariants; tests call it after every step.
 """
@@ -34,15 +41,18 @@ from __future__ import annotations
 from collections import Counter, deque
 
 from shared_engine.core.block_hash import HASH_FUNCTIONS, ROOT, BlockHash, extra_keys_for, hash_block
+from shared_engine.core.cached_prefix import CachedPrefix, num_host_hits
 from shared_engine.core.eviction import make_policy
+from shared_engine.core.host_kv_tier import HostKVTier
+from shared_engine.core.kv_offload_plan import KVOffloadPlan
 from shared_engine.core.request import Request
 from shared_engine.core.session_pins import SessionPins
 
 
-class BlockManager:
+class BlockManager(KVOffloadPlan):
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  eviction: str = "lru", hash_algo: str = "sha256", pin_ttl: float = 0.0,
-                 max_pinned_blocks: int | None = None) -> None:
+                 max_pinned_blocks: int | None = None, num_host_blocks: int = 0) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
@@ -62,12 +72,18 @@ class BlockManager:
         self._pending: dict[BlockHash, str] = {}
         cap = num_blocks // 2 if max_pinned_blocks is None else max_pinned_blocks
         self.pins = SessionPins(pin_ttl if enable_prefix_caching else 0.0, cap)
+        self.host = HostKVTier(num_host_blocks) if enable_prefix_caching and num_host_blocks > 0 else None
+        self._offloads: list[tuple[int, int]] = []  # this step's (gpu block, host slot) copies
+        self._restores: list[tuple[int, int]] = []  # this step's (host slot, gpu block) copies
+        self.num_offloaded_blocks_total = 0
+        self.num_restored_blocks_total = 0
 
     @classmethod
-    def from_config(cls, num_blocks: int, cache) -> BlockManager:
-        """The pool for a `CacheConfig` (`session_pin_ttl`, `max_pinned_blocks` included)."""
+    def from_config(cls, num_blocks: int, cache, num_host_blocks: int = 0) -> BlockManager:
+        """The pool for a `CacheConfig` (`session_pin_ttl`, `max_pinned_blocks` included) with a host tier of
+        `num_host_blocks` (`CacheConfig.num_host_blocks`)."""
         return cls(num_blocks, cache.block_size, cache.enable_prefix_caching, cache.prefix_cache_eviction,
-                   cache.prefix_caching_hash_algo, cache.session_pin_ttl, cache.max_pinned_blocks)
+                   cache.prefix_caching_hash_algo, cache.session_pin_ttl, cache.max_pinned_blocks, num_host_blocks)
 
     # ---- queries -------------------------------------------------------------------------------------
     @property
@@ -97,18 +113,28 @@ class BlockManager:
         return self.block_tables.get(request_id, [])
 
     # ---- prefix cache lookup -------------------------------------------------------------------------
-    def find_cached_prefix(self, request: Request) -> list[int]:
-        """The longest chain of cached full blocks matching the request's tokens (without side effects)."""
+    def find_cached_prefix(self, request: Request) -> CachedPrefix:
+        """The longest chain of cached full blocks matching the request's tokens: on the GPU, then continued
+        in the host tier (without side effects)."""
         if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
-            return []
+            return CachedPrefix()
         hashes = self._hashes(request, (request.num_tokens - 1) // self.block_size)
-        blocks = []
+        blocks = CachedPrefix()
         for h in hashes:
             block = self._cached.get(h)
             if block is None:
                 break
             blocks.append(block)
+        if self.host is not None:
+            for h in hashes[len(blocks):]:
+                if h not in self.host:
+                    break
+                blocks.host_hashes.append(h)
         return blocks
+
+    def num_revived(self, cached_blocks) -> int:
+        """Free blocks a prefix hit takes: its evictable GPU blocks and one per host-tier block."""
+        return sum(1 for b in cached_blocks if self.ref_counts[b] == 0) + num_host_hits(cached_blocks)
 
     def is_prefix_pending(self, request: Request, num_cached_blocks: int) -> bool:
         """True when the request's next uncached block is being computed right now by another request."""
@@ -123,9 +149,9 @@ class BlockManager:
     # ---- check / commit ------------------------------------------------------------------------------
     def can_allocate(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0,
                      cached_blocks: list[int] = ()) -> bool:
-        revived = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)
-        new = self._blocks_needed(request, num_new_tokens, num_lookahead_tokens, len(cached_blocks))
-        return new + revived <= self.num_free_blocks
+        num_cached = len(cached_blocks) + num_host_hits(cached_blocks)
+        new = self._blocks_needed(request, num_new_tokens, num_lookahead_tokens, num_cached)
+        return new + self.num_revived(cached_blocks) <= self.num_free_blocks
 
     def can_allocate_unpinning(self, request: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
         """`can_allocate`, releasing the oldest session pins while the pool is short (for a caller with
@@ -138,7 +164,8 @@ class BlockManager:
     def allocate(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0,
                  cached_blocks: list[int] = ()) -> list[int]:
         """Grow the request's block table to cover its next `num_new_tokens` tokens (after `cached_blocks`,
-        a prefix hit from `find_cached_prefix` that this call takes a reference on).
+        a prefix hit from `find_cached_prefix` that this call takes a reference on; its host-tier blocks
+        get new GPU blocks and queued restores).
 
         Returns the newly allocated block ids. Raises `RuntimeError` when the pool cannot supply them
         (call `can_allocate` first).
@@ -147,7 +174,8 @@ class BlockManager:
             raise RuntimeError(f"KV pool exhausted: {self.num_free_blocks} blocks free")
         rid = request.request_id
         table = self.block_tables.setdefault(rid, [])
-        if cached_blocks:
+        host_hashes = getattr(cached_blocks, "host_hashes", ())
+        if cached_blocks or host_hashes:
             assert not table, "a prefix hit applies only to a request with no blocks"
             for block in cached_blocks:
                 if self.ref_counts[block] == 0:
@@ -155,8 +183,11 @@ class BlockManager:
                 self.ref_counts[block] += 1
                 self._block_hits[block] += 1
             table.extend(cached_blocks)
-            self._num_registered[rid] = len(cached_blocks)
-        count = self._blocks_needed(request, num_new_tokens, num_lookahead_tokens, len(cached_blocks))
+            if host_hashes:
+                self._restore(table, host_hashes)
+            self._num_registered[rid] = len(table)
+        count = self._blocks_needed(request, num_new_tokens, num_lookahead_tokens,
+                                    len(cached_blocks) + len(host_hashes))
         new_blocks = [self._take_block() for _ in range(count)]
         for block in new_blocks:
             self.ref_counts[block] += 1
@@ -246,11 +277,14 @@ class BlockManager:
         return self.pins.num_blocks
 
     def reset_prefix_cache(self) -> None:
-        """Forget every evictable cached block (e.g. after a weight or adapter change); pins go first."""
+        """Forget every evictable cached block and the host tier (e.g. after a weight or adapter change);
+        pins go first."""
         while self.release_oldest_pin():
             pass
         while len(self._evictable):
             self._free.append(self._uncache(self._evictable.evict()))
+        if self.host is not None:
+            self.host.clear()
 
     # ---- internals -----------------------------------------------------------------------------------
     def _drop_refs(self, table: list[int]) -> None:
@@ -273,7 +307,10 @@ class BlockManager:
     def _take_block(self) -> int:
         if self._free:
             return self._free.popleft()
-        return self._uncache(self._evictable.evict())
+        block = self._evictable.evict()
+        if self.host is not None:
+            self._offer_to_host(block)
+        return self._uncache(block)
 
     def _uncache(self, block: int) -> int:
         h = self._block_hash[block]
@@ -331,3 +368,5 @@ class BlockManager:
         assert len(free) + len(self._evictable) == self.ref_counts.count(0)
         for request_id, table in self.block_tables.items():
             assert len(set(table)) == len(table), f"{request_id}: a block appears twice in its table"
+        if self.host is not None:
+            self.host.check_integrity()

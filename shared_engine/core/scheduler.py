@@ -43,11 +43,12 @@ def _step_order(item: ScheduledRequest) -> int:
     return 0 if item.is_decode else 1 if item.num_draft_tokens else 2
 
 
-def build_scheduler(config, num_blocks: int, max_model_len: int) -> Scheduler:
+def build_scheduler(config, num_blocks: int, max_model_len: int, num_host_blocks: int = 0) -> Scheduler:
     """The scheduler and block manager for an `EngineConfig`, built one way for the engine and the capacity
-    model alike (so the simulator can never drift from what the engine decides)."""
+    model alike (so the simulator can never drift from what the engine decides); `num_host_blocks`: the KV
+    offload tier (`CacheConfig.num_host_blocks`)."""
     cache = config.cache
-    block_manager = BlockManager.from_config(num_blocks, cache)
+    block_manager = BlockManager.from_config(num_blocks, cache, num_host_blocks)
     max_loras = config.lora.max_loras if config.lora.enable_lora else None
     return Scheduler(config.scheduler, block_manager, max_model_len, max_loras)
 
@@ -65,7 +66,9 @@ class Scheduler(Admission, OutputUpdate):
         self.num_preemptions_total = 0
         self._now: float | None = None
         self.prefix_cache_queries = 0  # tokens looked up in the prefix cache at admission
-        self.prefix_cache_hits = 0  # of those, tokens served from it
+        self.prefix_cache_hits = 0  # of those, tokens served from it (host tier included)
+        self.host_prefix_cache_queries = 0  # KV offload: tokens looked up in the host tier (GPU misses)
+        self.host_prefix_cache_hits = 0  # of those, tokens restored from it
         self._watermark_blocks = int(ADMISSION_WATERMARK * block_manager.num_blocks)
         self._drafts_in_flight = False  # a launched step with drafts is not resolved yet
         self._chunk = PartialPrefillCaps.chunker(config)  # (remaining, budget) -> tokens this step
@@ -131,6 +134,8 @@ class Scheduler(Admission, OutputUpdate):
             budget = self._admit_waiting(out, budget, scheduled_ids)
         if self.max_loras is not None:
             out.running_loras = frozenset(self._running_loras())
+        if self.block_manager.host is not None:
+            out.kv_offloads, out.kv_restores = self.block_manager.take_copies()
         return out
 
     def _running_loras(self) -> set:

@@ -73,6 +73,11 @@ class SchedulerOutput:
     # multi-LoRA: the adapters (`Request.lora_key`) of every running request after this step's admissions;
     # the model runner keeps their GPU slots (at most `max_loras`). Empty when LoRA is off.
     running_loras: frozenset = frozenset()
+    # KV offload (`--kv-offload-size`): copies the model runner runs before this step's forward, offloads
+    # first: (gpu block, host slot) GPU -> host of blocks evicted this step, then (host slot, gpu block) host
+    # -> GPU of prefix blocks found in the host tier (`BlockManager.take_copies`)
+    kv_offloads: list[tuple[int, int]] = field(default_factory=list)
+    kv_restores: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

@@ -18,7 +18,13 @@ class EngineSnapshot:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     prefix_cache_queries_total: int = 0  # tokens
-    prefix_cache_hits_total: int = 0  # tokens
+    prefix_cache_hits_total: int = 0  # tokens (the host tier's included)
+    # KV offload (kv_offload_size > 0): tokens looked up in the host tier (GPU misses) and found there, and
+    # blocks copied GPU -> host (offloaded) and host -> GPU (restored)
+    external_prefix_cache_queries_total: int = 0
+    external_prefix_cache_hits_total: int = 0
+    kv_offload_num_offloaded_blocks_total: int = 0
+    kv_offload_num_restored_blocks_total: int = 0
     spec_decode_num_drafts_total: int = 0
     spec_decode_num_draft_tokens_total: int = 0
     spec_decode_num_accepted_tokens_total: int = 0
@@ -42,6 +48,10 @@ class EngineSnapshot:
             generation_tokens_total=stats.num_generation_tokens_total,
             prefix_cache_queries_total=stats.prefix_cache_queries_total,
             prefix_cache_hits_total=stats.prefix_cache_hits_total,
+            external_prefix_cache_queries_total=scheduler.host_prefix_cache_queries,
+            external_prefix_cache_hits_total=scheduler.host_prefix_cache_hits,
+            kv_offload_num_offloaded_blocks_total=engine.block_manager.num_offloaded_blocks_total,
+            kv_offload_num_restored_blocks_total=engine.block_manager.num_restored_blocks_total,
             **({} if spec is None else dict(
                 spec_decode_num_drafts_total=spec.num_drafts_total,
                 spec_decode_num_draft_tokens_total=spec.num_draft_tokens_total,

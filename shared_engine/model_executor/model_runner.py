@@ -20,6 +20,7 @@ from shared_engine.model_executor.cuda_graph_runner import (
     mixed_buckets,
 )
 from shared_engine.model_executor.input_builder import build_inputs
+from shared_engine.model_executor.kv_offloader import STAGING_BYTES, KVOffloader
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
 from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_entries
@@ -110,6 +111,7 @@ class ModelRunner:
 
             self.lora = LoRAManager(self.model, config.lora, self.arch, config.scheduler.token_budget)
         self.kv_caches: list[torch.Tensor] = []
+        self.offloader: KVOffloader | None = None  # kv_offload_size > 0: the host tier's buffer and copies
         self.graph_runner: CudaGraphRunner | None = None
         self.compile_seconds = 0.0  # first forward pass (Triton JIT) during profiling
         self.gpu_span_seconds = 0.0  # CUDA: device time from the first kernel of a step to its sampled ids
@@ -157,7 +159,8 @@ class ModelRunner:
         self.compile_seconds = time.perf_counter() - started
         peak = torch.cuda.max_memory_allocated(self.device)
         total = torch.cuda.get_device_properties(self.device).total_memory
-        return max(0, int(total * self.config.cache.gpu_memory_utilization) - peak)
+        staging = STAGING_BYTES if self.config.cache.kv_offload_size > 0 else 0  # the offloader's buffer
+        return max(0, int(total * self.config.cache.gpu_memory_utilization) - peak - staging)
 
     @torch.inference_mode()
     def _profile_run(self, num_tokens: int) -> None:
@@ -166,7 +169,7 @@ class ModelRunner:
         from shared_engine.sampling_params import SamplingParams
 
         num_blocks = -(-num_tokens // self.block_size)
-        self.allocate_kv_cache(num_blocks)
+        self.allocate_kv_cache(num_blocks, with_host_tier=False)
         request = Request("profile", [0] * num_tokens, SamplingParams(max_tokens=1), max_tokens=1)
         out = SchedulerOutput([ScheduledRequest(request, [0] * num_tokens, 0, list(range(num_blocks)), True)],
                               num_batched_tokens=num_tokens)
@@ -188,10 +191,15 @@ class ModelRunner:
         most = max_local_kv_heads(a.num_heads, a.num_kv_heads, self.config.parallel.tensor_parallel_size)
         return a.kv_bytes_per_token(self.dtype_name) * self.block_size * most // a.num_kv_heads
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
-        """One tensor per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K then V)."""
+    def allocate_kv_cache(self, num_blocks: int, with_host_tier: bool = True) -> None:
+        """One tensor per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K then V); with
+        `kv_offload_size` (and `with_host_tier`), the host tier's buffer (`CacheConfig.num_host_blocks`)."""
         shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.arch.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_layers)]
+        self.offloader = None
+        num_host = self.config.cache.num_host_blocks(self.kv_bytes_per_block) if with_host_tier else 0
+        if num_host > 0:
+            self.offloader = KVOffloader(self.kv_caches, num_host)
 
     def capture_cuda_graphs(self) -> None:
         """Capture CUDA graphs (CUDA, unless `enforce_eager`): decode-only steps for `cuda_graph_sizes` up
@@ -237,6 +245,8 @@ class ModelRunner:
         placeholder input tokens are that step's sampled ids, read on the device."""
         cuda = self.device.type == "cuda"
         span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
+        if out.kv_offloads or out.kv_restores:  # before the forward that reads (and overwrites) these blocks
+            self.offloader.run(out.kv_offloads, out.kv_restores)
         inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade)
         inputs.patch_placeholders(None if previous is None else previous.tokens)
         if self.lora is not None:

@@ -34,6 +34,12 @@ class SimMetrics:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # tokens looked up at admission (re-admissions after preemption too)
     prefix_cache_hits: int = 0
+    # KV offload: tokens restored from the host tier (in prefix_cache_hits too), blocks copied each way,
+    # and the seconds those copies added to steps
+    host_prefix_cache_hits: int = 0
+    num_offloaded_blocks: int = 0
+    num_restored_blocks: int = 0
+    host_copy_s: float = 0.0
     num_replicas: int = 1
     num_blocks: int = 0
     slo_missed: bool = False  # stopped early by a `SloWatch`: the figures cover only part of the run
@@ -50,6 +56,10 @@ class SimMetrics:
         """Take the scheduler's prefix cache counters (`vllm:prefix_cache_queries_total` / `_hits_total`)."""
         self.prefix_cache_queries += getattr(scheduler, "prefix_cache_queries", 0)
         self.prefix_cache_hits += getattr(scheduler, "prefix_cache_hits", 0)
+        self.host_prefix_cache_hits += getattr(scheduler, "host_prefix_cache_hits", 0)
+        bm = getattr(scheduler, "block_manager", None)
+        self.num_offloaded_blocks += getattr(bm, "num_offloaded_blocks_total", 0)
+        self.num_restored_blocks += getattr(bm, "num_restored_blocks_total", 0)
 
     def on_finish(self, request) -> None:
         self.arrival.append(request.arrival_time)
@@ -72,6 +82,10 @@ class SimMetrics:
         self.num_preemptions += other.num_preemptions
         self.prefix_cache_queries += other.prefix_cache_queries
         self.prefix_cache_hits += other.prefix_cache_hits
+        self.host_prefix_cache_hits += other.host_prefix_cache_hits
+        self.num_offloaded_blocks += other.num_offloaded_blocks
+        self.num_restored_blocks += other.num_restored_blocks
+        self.host_copy_s += other.host_copy_s
         self.slo_missed |= other.slo_missed
         return self
 
@@ -105,6 +119,8 @@ class SimMetrics:
             "prefix_cache_queries": self.prefix_cache_queries, "prefix_cache_hits": self.prefix_cache_hits,
             "prefix_cache_hit_rate": self.prefix_cache_hits / max(1, self.prefix_cache_queries),
             "prompt_tokens_cached_share": cached / n_in.sum() if n else 0.0,
+            "host_prefix_cache_hits": self.host_prefix_cache_hits, "num_offloaded_blocks": self.num_offloaded_blocks,
+            "num_restored_blocks": self.num_restored_blocks, "host_copy_s": self.host_copy_s,
             "kv_cache_usage_mean": self.kv_usage_time / capacity,
             "kv_cache_usage_max": self.kv_usage_max,
             "num_steps": self.num_steps, "busy_s": self.busy_s, "num_replicas": self.num_replicas,

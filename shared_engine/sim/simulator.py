@@ -33,6 +33,12 @@ from shared_engine.sim.step_time import StepShape, StepTimeModel
 from shared_engine.sim.workload import RequestSpec, WorkloadGenerator
 from shared_engine.sim.workload_spec import WorkloadSpec
 
+# KV offload copies (`kv_offload_size`) cost bytes / this per block each way on a GPU: PCIe Gen5 x16 (64 GB/s per
+# direction) at ~80% for pinned copies, an assumption not yet measured here; on a CPU a copy is a memcpy at
+# half the achieved memory bandwidth (read + write). The copies are priced as added to the step (the forward
+# waits for them, model_executor/kv_offloader.py).
+GPU_HOST_LINK_BANDWIDTH = 50e9  # bytes/s
+
 DUMMY_TOKEN_ID = 0
 _DUMMY_TOKENS = (DUMMY_TOKEN_ID,)  # one sampled token per row (the scheduler takes a sequence)
 _PARAMS = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
@@ -74,6 +80,9 @@ class Simulator:
         bytes_per_block = rank_shape.kv_bytes_per_token * self.config.cache.block_size
         self.num_blocks = num_kv_blocks(self.config, bytes_per_block, self.free_kv_bytes())
         check_fits(self.num_blocks, self.config.cache.block_size, self.max_model_len)
+        self.num_host_blocks = self.config.cache.num_host_blocks(bytes_per_block)
+        link = GPU_HOST_LINK_BANDWIDTH if hardware.kind != "cpu" else hardware.achieved_bandwidth / 2
+        self.host_copy_s_per_block = bytes_per_block / link
 
     def free_kv_bytes(self) -> int | None:
         """GPU: device memory * gpu_memory_utilization - weights - peak activations at the token budget (as
@@ -96,7 +105,7 @@ class Simulator:
 
     def new_scheduler(self) -> Scheduler:
         """Built by the same function `LLMEngine` uses (prefix caching and eviction policy included)."""
-        return build_scheduler(self.config, self.num_blocks, self.max_model_len)
+        return build_scheduler(self.config, self.num_blocks, self.max_model_len, self.num_host_blocks)
 
     def run(self, workload, metrics: SimMetrics | None = None,
             on_step: Callable[[SchedulerOutput, float], None] | None = None,
@@ -155,6 +164,10 @@ class Simulator:
                         last_token_times.append(request.last_token_time)
             num_tokens = out.num_batched_tokens
             step_s = seconds(len(out.scheduled), num_tokens, len(sampled), starts + num_tokens, pairs)
+            if out.kv_offloads or out.kv_restores:
+                copy_s = (len(out.kv_offloads) + len(out.kv_restores)) * self.host_copy_s_per_block
+                metrics.host_copy_s += copy_s
+                step_s += copy_s
             now += step_s
             itl.extend([now - t for t in last_token_times])
             updated = scheduler.update_from_output(out, sampled, now)

@@ -198,3 +198,63 @@ def test_integrity_with_session_pins(pin_llm, events, seed):
 def test_pin_run_exercised_pins(pin_llm):
     """The random runs above must have pinned prefixes and reused cached ones (runs after them)."""
     assert _MOST_PINNED[0] > 0 and pin_llm.engine.scheduler.prefix_cache_hits > 0
+
+
+# ---- with session pins and KV offload (a host tier smaller than the pool's churn) ---------------------
+_OFFLOAD_SEEN = {"offloaded": 0, "restored": 0, "host_full": False}
+HOST_BLOCKS = 16
+
+
+@pytest.fixture(scope="module")
+def offload_llm(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), load_format="dummy", num_gpu_blocks_override=24, block_size=8,
+              max_model_len=160, max_num_batched_tokens=48, max_num_seqs=6, session_pin_ttl=3600.0,
+              max_pinned_blocks=10, kv_offload_size=HOST_BLOCKS * 4096 / 1024**3)  # 4 KiB blocks (fp32)
+    assert llm.engine.block_manager.host.num_blocks == HOST_BLOCKS
+    return llm
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=pin_events, seed=st.integers(0, 1000))
+def test_integrity_with_session_pins_and_offload(offload_llm, events, seed):
+    """Integrity after every step of both tiers (GPU pool, host tier) with pins held and blocks offloaded and
+    restored; every copy a step queues is handed to that step; 0 leaked blocks in either tier at the end."""
+    engine = offload_llm.engine
+    bm = engine.block_manager
+    live: list[str] = []
+    counter = 0
+    for new, aborts in events:
+        for session, prompt_len, max_tokens in new:
+            request_id = f"o{counter}"
+            counter += 1
+            prompt = [(seed + 13 * session + 5 * i) % 120 + 3 for i in range(prompt_len)]
+            engine.add_request(request_id, prompt, SamplingParams(temperature=1.0, seed=seed, max_tokens=max_tokens,
+                                                                  ignore_eos=True), session_id=f"sess{session}")
+            live.append(request_id)
+        for selector in aborts:
+            if live:
+                engine.abort_request(live.pop(selector % len(live)))
+        for output in engine.step():
+            if output.finished:
+                live.remove(output.request_id)
+        bm.check_integrity()
+        assert bm.take_copies() == ([], [])  # nothing queued outside a step
+        assert bm.num_pinned_blocks <= 10 and len(bm.host) <= HOST_BLOCKS
+        _OFFLOAD_SEEN["host_full"] |= len(bm.host) == HOST_BLOCKS
+    while engine.has_unfinished_requests():
+        engine.step()
+        bm.check_integrity()
+    assert not bm.block_tables
+    bm.expire_pins(float("inf"))
+    bm.check_integrity()
+    assert bm.num_pinned_blocks == 0 and bm.num_free_blocks == bm.num_blocks
+    assert len(bm.host) + len(bm.host._free) == HOST_BLOCKS  # no host slot leaked (check_integrity checks it too)
+    _OFFLOAD_SEEN["offloaded"] = bm.num_offloaded_blocks_total
+    _OFFLOAD_SEEN["restored"] = bm.num_restored_blocks_total
+
+
+def test_offload_run_exercised_both_directions(offload_llm):
+    """The random runs above must have offloaded, filled the host tier (so its LRU replaced entries) and
+    restored blocks on prefix hits (runs after them)."""
+    assert _OFFLOAD_SEEN["offloaded"] > HOST_BLOCKS and _OFFLOAD_SEEN["restored"] > 0 and _OFFLOAD_SEEN["host_full"]
+    assert offload_llm.engine.scheduler.host_prefix_cache_hits > 0

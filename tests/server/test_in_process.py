@@ -110,8 +110,11 @@ def test_metrics_names_and_labels(tiny_model_dir):
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                 "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"):
+                 "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+                 "vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total"):
         assert f'{name}{{model_name="tiny"}}' in text, name
+    for direction in ("GPU_to_CPU", "CPU_to_GPU"):  # KV offload off: 0 blocks either way
+        assert f'vllm:kv_offload_blocks_total{{model_name="tiny",transfer_type="{direction}"}} 0.0' in text
     assert 'vllm:request_success_total{finished_reason="length",model_name="tiny"} 1.0' in text
     assert 'vllm:generation_tokens_total{model_name="tiny"} 3.0' in text
     assert 'vllm:time_to_first_token_seconds_bucket{le="2560.0",model_name="tiny"} 1.0' in text

@@ -74,6 +74,8 @@ _HELP = {
     "(X-Session-Id) may send the next turn (Continuum's KV time-to-live; 0: off)",
     "max_pinned_blocks": "most KV block references held by session pins, oldest released first (default: half "
     "the pool)",
+    "kv_offload_size": "GiB of host memory (pinned on CUDA, per rank) holding prefix-cache blocks evicted from the "
+    "GPU pool, copied back on a prefix hit instead of recomputed (0: off; needs prefix caching)",
     "enable_lora": "serve LoRA adapters (requests pick one by their model field)",
     "max_loras": "GPU adapter slots: most distinct adapters among running requests",
     "max_lora_rank": "largest adapter rank accepted (each slot's size)",

@@ -53,6 +53,11 @@ class _EngineCollector:
             "vllm:spec_decode_num_accepted_tokens": ("Draft tokens accepted.",
                                                      snap.spec_decode_num_accepted_tokens_total),
         }
+        counters["vllm:external_prefix_cache_queries"] = (
+            "KV offload: tokens looked up in the host tier (prefix-cache misses on the GPU).",
+            snap.external_prefix_cache_queries_total)
+        counters["vllm:external_prefix_cache_hits"] = ("KV offload: of those, tokens restored from the host tier.",
+                                                       snap.external_prefix_cache_hits_total)
         counters["vllm:spec_decode_num_drafts"] = ("Speculative decodes verified (requests x steps).",
                                                    snap.spec_decode_num_drafts_total)
         for name, (doc, value) in counters.items():
@@ -62,6 +67,11 @@ class _EngineCollector:
         for position, value in enumerate(snap.spec_decode_num_accepted_tokens_per_pos_total):
             per_pos.add_metric([self.model_name, str(position)], value)
         yield per_pos
+        blocks = CounterMetricFamily("vllm:kv_offload_blocks", "KV offload: blocks copied, by direction.",
+                                     labels=["model_name", "transfer_type"])
+        blocks.add_metric([self.model_name, "GPU_to_CPU"], snap.kv_offload_num_offloaded_blocks_total)
+        blocks.add_metric([self.model_name, "CPU_to_GPU"], snap.kv_offload_num_restored_blocks_total)
+        yield blocks
         if snap.max_loras:
             yield self._lora_info(snap)
 
