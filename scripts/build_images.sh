@@ -14,6 +14,8 @@
 #   --case     also build that case's app image, shared-engine-<first word of NAME>:<variant> (rag_chatbot:
 #              shared-engine-rag:cpu, the RAG app and its Chroma server): docker/case-app.Dockerfile on top of
 #              the engine image, with the wheels of the pyproject extra named by NAME's first word (`rag`).
+#              multilora: also a Redis image for the gateway's limits (with the local base local/redis:bookworm,
+#              Debian's redis-server; real users run the official redis image, the compose file's default).
 #
 # Steps, each skipped when its result is current:
 #   1. the local base, when it is used;
@@ -195,5 +197,21 @@ EOF
     build "$CACHE/build-case-$case_name.log" --network none -f docker/case-app.Dockerfile \
         --build-arg "ENGINE_IMAGE=$tag" --build-arg "APP_MODULE=case_$case_name.app" -t "$app_tag" "$ctx"
     printf '%s_APP_IMAGE=%s\n' "$(printf '%s' "$extra" | tr a-z A-Z)" "$app_tag" >> "$CACHE/images.env"
+fi
+
+# 5. The multi-LoRA case's Redis (the gateway's shared limit counters).
+if [ "$case_name" = multilora ]; then
+    redis_image=${REDIS_IMAGE:-redis:7-bookworm}
+    if [ "$base" = "$LOCAL_BASE" ]; then
+        redis_image=local/redis:bookworm
+        if ! docker image inspect "$redis_image" >/dev/null 2>&1; then
+            log "docker build $redis_image (Debian's redis-server)"
+            redis_ctx=$(mktemp -d "$CACHE/redis.XXXXXX")
+            build "$CACHE/build-redis.log" --network host -f docker/redis.Dockerfile \
+                --build-arg "BASE_IMAGE=$LOCAL_BASE" -t "$redis_image" "$redis_ctx"
+            rm -rf "$redis_ctx"
+        fi
+    fi
+    printf 'REDIS_IMAGE=%s\n' "$redis_image" >> "$CACHE/images.env"
 fi
 log "built $tag (base $base); Prometheus image: $prometheus_image${case_name:+; $app_tag}; names in $CACHE/images.env"
