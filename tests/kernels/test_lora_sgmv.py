@@ -1,0 +1,173 @@
+"""The segmented (SGMV) LoRA kernels against their pure-torch references (TRITON_INTERPRET=1 on the CPU,
+small shapes): tiles from `build_tiles`, mixed ranks, untargeted slices, empty slots, base-model tokens,
+segments longer than a tile, fused slices of unequal widths, split-K, and graph-style fixed-size buffers
+whose padding rows and unused tiles must be left alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.lora_sgmv import (
+    TILE_M,
+    build_tiles,
+    max_tiles,
+    sgmv_expand,
+    sgmv_expand_ref,
+    sgmv_shrink,
+    sgmv_shrink_ref,
+)
+
+
+def case(token_slots, in_features, slice_sizes, ranks, dtype, seed=0, device="cpu"):
+    """ranks [num_slices][num_slots]: each slot's rank per slice (0: the slice is not targeted)."""
+    g = torch.Generator().manual_seed(seed)
+    ranks_t = torch.tensor(ranks, dtype=torch.int32)
+    num_slices, num_slots = ranks_t.shape
+    max_rank = int(ranks_t.max())
+    x = torch.randn(len(token_slots), in_features, generator=g).to(device, dtype)
+    a = torch.randn(num_slices, num_slots, max_rank, in_features, generator=g).to(device, dtype)
+    b = torch.randn(num_slots, max_rank, sum(slice_sizes), generator=g).to(device, dtype)
+    return x, a, b, ranks_t.to(device)
+
+
+def meta(token_slots, num_slots, device, token_cap=None, tile_cap=None):
+    n = len(token_slots)
+    tokens, tiles = build_tiles(np.asarray(token_slots), token_cap or n, tile_cap or max(1, max_tiles(n, num_slots)))
+    offsets = None
+    return torch.from_numpy(tokens).to(device), torch.from_numpy(tiles).to(device), offsets
+
+
+def offsets_of(slice_sizes, device):
+    return torch.tensor(np.cumsum([0, *slice_sizes]), dtype=torch.int32, device=device)
+
+
+def test_build_tiles_groups_by_slot_and_splits_long_segments():
+    slots = np.array([2, -1, 0, 2, 2] + [1] * (TILE_M + 3) + [-1, 0])
+    tokens, tiles = build_tiles(slots, 40, 10)
+    n_adapter = int((slots >= 0).sum())
+    order = tokens[:n_adapter]
+    assert sorted(order.tolist()) == np.flatnonzero(slots >= 0).tolist()  # each adapter token exactly once
+    assert np.all(np.diff(slots[order]) >= 0)  # grouped by slot, stable within a slot
+    used = tiles[0] >= 0
+    assert tiles[0, used].tolist() == [0, 1, 1, 2] and np.all(tiles[0, ~used] == -1)
+    assert tiles[2, used].tolist() == [2, TILE_M, 3, 3] and tiles[2, used].sum() == n_adapter
+    for slot, start, count in tiles[:, used].T:  # every tile's tokens are its slot's
+        assert np.all(slots[tokens[start : start + count]] == slot)
+    assert int(used.sum()) <= max_tiles(len(slots), 3)
+    empty_tokens, empty_tiles = build_tiles(np.full(5, -1), 8, 4)
+    assert np.all(empty_tiles[0] == -1) and np.all(empty_tokens == 0)
+    with pytest.raises(ValueError, match="tile buffer"):
+        build_tiles(slots, 40, 3)
+
+
+@pytest.mark.parametrize("token_slots,in_features,slice_sizes,ranks", [
+    ([0], 64, [48], [[8]]),  # batch-1 decode (split-K over 64 columns)
+    ([1, -1, 0, 2, 2, 0, -1], 100, [16, 8, 8], [[4, 16, 8], [4, 0, 8], [4, 16, 0]]),  # q/k/v, untargeted
+    ([3] * 37 + [0, -1] * 5, 300, [33, 20], [[2, 8, 16, 1], [2, 8, 16, 1]]),  # a segment of 3 tiles, gate/up
+    ([-1, -1, -1], 32, [16], [[16, 16]]),  # base-model tokens only: nothing changes
+    ([1, 1, 0, 1, 0], 40, [24], [[16, 80]]),  # rank 80: two rank blocks in shrink and expand
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shrink_expand_match_reference(token_slots, in_features, slice_sizes, ranks, dtype, device):
+    x, a, b, ranks_t = case(token_slots, in_features, slice_sizes, ranks, dtype, device=device)
+    slots_t = torch.tensor(token_slots, device=device)
+    tokens, tiles, _ = meta(token_slots, ranks_t.shape[1], device)
+    s = sgmv_shrink(x, a, ranks_t, tokens, tiles)
+    ref_s = sgmv_shrink_ref(x, a, ranks_t, slots_t)
+    # defined entries: tokens on an adapter, columns below the slot's rank for that slice
+    slot_ranks = torch.where(slots_t >= 0, ranks_t[:, slots_t.clamp(min=0)], 0)  # [I, T]
+    defined = torch.arange(a.shape[2], device=device)[None, None, :] < slot_ranks[:, :, None]
+    torch.testing.assert_close(s[defined], ref_s[defined], rtol=1e-4, atol=1e-3 if dtype == torch.float32 else 0.05)
+    y = torch.randn(len(token_slots), sum(slice_sizes)).to(device, dtype)
+    before = y.clone()
+    expected = sgmv_expand_ref(y, ref_s, b, ranks_t, slots_t, slice_sizes)
+    sgmv_expand(y, s, b, ranks_t, tokens, tiles, offsets_of(slice_sizes, device), max(slice_sizes))
+    tol = dict(rtol=1e-4, atol=1e-3) if dtype == torch.float32 else dict(rtol=3e-2, atol=0.5)
+    torch.testing.assert_close(y.float(), expected.float(), **tol)
+    base = slots_t < 0
+    assert torch.equal(y[base], before[base])  # base-model rows are never written
+    partials = sgmv_shrink(x, a, ranks_t, tokens, tiles, reduce=False)  # the layers' path: the expand sums them
+    y2 = before.clone()
+    sgmv_expand(y2, partials, b, ranks_t, tokens, tiles, offsets_of(slice_sizes, device), max(slice_sizes))
+    torch.testing.assert_close(y2, y, rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 0.02)
+    if (slot_ranks > 0).any():
+        assert not torch.equal(y, before)
+
+
+def test_graph_style_fixed_buffers_with_padding(device):
+    """A graph bucket of 24 rows with 13 real tokens: buffers sized for 64 tokens and every tile a
+    bucket of that size may need, padding rows (slot -1) and a stale tail must not be read or written."""
+    real = [0, 2, 2, -1, 0, 1, 1, 1, 2, -1, 0, 0, 2]
+    bucket = real + [-1] * (24 - len(real))
+    slice_sizes, ranks = [16, 8], [[8, 4, 16], [8, 0, 16]]
+    x, a, b, ranks_t = case(bucket, 48, slice_sizes, ranks, torch.float32, seed=7, device=device)
+    tokens, tiles, _ = meta(bucket, 3, device, token_cap=64, tile_cap=max_tiles(64, 3))
+    y = torch.randn(24, 24, device=device)
+    expected = sgmv_expand_ref(y, sgmv_shrink_ref(x, a, ranks_t, torch.tensor(bucket)), b, ranks_t,
+                               torch.tensor(bucket), slice_sizes)
+    sgmv_expand(y, sgmv_shrink(x, a, ranks_t, tokens, tiles), b, ranks_t, tokens, tiles,
+                offsets_of(slice_sizes, device), 16)
+    torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-3)
+    assert torch.equal(y[len(real):], expected[len(real):])
+    # the same buffers refilled for another mix (what a replay sees): the result follows the new slots
+    other = [1] * 13 + [-1] * 11
+    tokens2, tiles2, _ = meta(other, 3, device, token_cap=64, tile_cap=max_tiles(64, 3))
+    tokens.copy_(tokens2)
+    tiles.copy_(tiles2)
+    y2 = torch.zeros(24, 24, device=device)
+    sgmv_expand(y2, sgmv_shrink(x, a, ranks_t, tokens, tiles), b, ranks_t, tokens, tiles,
+                offsets_of(slice_sizes, device), 16)
+    ref2 = sgmv_expand_ref(torch.zeros(24, 24), sgmv_shrink_ref(x.cpu(), a.cpu(), ranks_t.cpu(), torch.tensor(other)),
+                           b.cpu(), ranks_t.cpu(), torch.tensor(other), slice_sizes)
+    torch.testing.assert_close(y2.cpu(), ref2, rtol=1e-4, atol=1e-3)
+
+
+def test_bad_shapes_are_value_errors(device):
+    x, a, b, ranks_t = case([0, 1], 32, [16], [[4, 8]], torch.float32, device=device)
+    tokens, tiles, _ = meta([0, 1], 2, device)
+    with pytest.raises(ValueError, match="in_features"):
+        sgmv_shrink(x[:, :30], a, ranks_t, tokens, tiles)
+    with pytest.raises(ValueError, match="ranks must have shape"):
+        sgmv_shrink(x, a, ranks_t[:, :1], tokens, tiles)
+    with pytest.raises(ValueError, match="tiles must have shape"):
+        sgmv_shrink(x, a, ranks_t, tokens, tiles[:, :1])
+    s = sgmv_shrink(x, a, ranks_t, tokens, tiles)
+    with pytest.raises(ValueError, match="offsets"):
+        sgmv_expand(torch.zeros(2, 16, device=device), s, b, ranks_t, tokens, tiles, offsets_of([8], device)[:1], 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens,in_features,slice_sizes,ranks", [
+    (240, 4096, [4096, 1024, 1024], [16] * 30),  # the benchmark's decode batch: qkv, 30 rank-16 adapters
+    (2048, 4096, [14336, 14336], [8, 16, 64] * 10),  # a prefill chunk, gate/up, mixed ranks
+    (1, 14336, [4096], [16] * 30),  # batch-1 down_proj (split-K)
+    (300, 4096, [4096], [128, 16] * 2),  # ranks over one rank block
+])
+def test_real_shapes_bf16_on_gpu(num_tokens, in_features, slice_sizes, ranks):
+    """llama-3.1-8b projections in bf16 against an fp32 einsum reference; a fifth of the tokens on the base."""
+    g = torch.Generator().manual_seed(num_tokens)
+    num_slots, max_rank, num_slices = len(ranks), max(ranks), len(slice_sizes)
+    slots = torch.randint(-1, num_slots, (num_tokens,), generator=g)
+    slots[torch.rand(num_tokens, generator=g) < 0.2] = -1
+    ranks_t = torch.tensor([ranks] * num_slices, dtype=torch.int32, device="cuda")
+    x = torch.randn(num_tokens, in_features, device="cuda").bfloat16()
+    a = (torch.randn(num_slices, num_slots, max_rank, in_features, device="cuda") / 8).bfloat16()
+    b = (torch.randn(num_slots, max_rank, sum(slice_sizes), device="cuda") / 8).bfloat16()
+    tokens, tiles, _ = meta(slots.tolist(), num_slots, "cuda")
+    y = torch.randn(num_tokens, sum(slice_sizes), device="cuda").bfloat16()
+    expected = y.float().clone()
+    valid = (slots >= 0).cuda()
+    offsets = np.cumsum([0, *slice_sizes])
+    s = sgmv_shrink(x, a, ranks_t, tokens, tiles)
+    for slot, rank in enumerate(ranks):  # the reference per slot (a per-token gather of A and B is GBs here)
+        rows = (slots == slot).nonzero().flatten().cuda()
+        for i in range(num_slices):
+            ref_s = x[rows].float() @ a[i, slot, :rank].float().t()  # [n, rank]
+            torch.testing.assert_close(s[i][rows][:, :rank], ref_s, rtol=1e-2, atol=0.1)
+            lo, hi = offsets[i], offsets[i + 1]
+            expected[rows, lo:hi] += ref_s @ b[slot, :rank, lo:hi].float()
+    sgmv_expand(y, s, b, ranks_t, tokens, tiles, offsets_of(slice_sizes, "cuda"), max(slice_sizes))
+    torch.testing.assert_close(y.float(), expected, rtol=3e-2, atol=0.5)
+    assert torch.equal(y[~valid].float(), expected[~valid])
