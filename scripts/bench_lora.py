@@ -48,6 +48,15 @@ def itl_ms(llm, prompt, n: int, lora=None) -> float:
     return (long - short) / n * 1e3
 
 
+def runner_stats(llm) -> dict:
+    """The engine's graph counters: startup costs and which steps replayed a CUDA graph (cumulative)."""
+    r = llm.engine.runner
+    return {"capture_seconds": round(r.capture_seconds, 1), "num_cuda_graphs": r.num_cuda_graphs,
+            "graph_steps": r.graph_steps, "mixed_graph_steps": r.mixed_graph_steps,
+            "base_only_graph_steps": r.base_only_graph_steps, "compile_seconds": round(r.compile_seconds, 1),
+            "load_seconds": round(r.load_seconds, 1)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="llama-3.1-8b")
@@ -59,6 +68,7 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--adapter-dir", type=Path, default=Path("/tmp/lora_bench_adapters"))
     p.add_argument("--targets", nargs="+", default=["q_proj", "k_proj", "v_proj", "o_proj"])
+    p.add_argument("--lora-kernel", default="sgmv", choices=["sgmv", "bgmv"])
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
 
@@ -89,13 +99,14 @@ def main() -> None:
     seconds = timed_generate(llm, prompts, params)
     results["runs"]["base"] = {"seconds": round(seconds, 3), "output_tok_s": round(tokens / seconds, 1)}
     results["itl_ms"] = {"base": round(itl_ms(llm, prompts[0], args.itl_tokens), 3)}
+    results["runner"] = {"base": runner_stats(llm)}
     save()
     del llm
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
-    lora_cfg = dict(enable_lora=True, max_loras=32, max_lora_rank=64, max_cpu_loras=64)
+    lora_cfg = dict(enable_lora=True, max_loras=32, max_lora_rank=64, max_cpu_loras=64, lora_kernel=args.lora_kernel)
     llm = LLM(args.model, **common, **lora_cfg)
     results["engine_config"] = {**common, **lora_cfg}
     ids = iter(range(1, 1000))
@@ -126,6 +137,7 @@ def main() -> None:
     results["slot_load_ms_rank16"] = {"min": round(min(times) * 1e3, 2), "median": round(sorted(times)[2] * 1e3, 2),
                                       "adapter_bytes_fp32_cpu": adapter.num_bytes}
     results["num_slot_loads"] = manager.num_slot_loads
+    results["runner"]["lora"] = runner_stats(llm)
     save()
     print(json.dumps(results["runs"], indent=2), json.dumps(results["itl_ms"]), results["slot_load_ms_rank16"])
 

@@ -6,7 +6,8 @@
 - GPU slots: `max_loras` slots in the model's LoRA layers (layers/lora.py). Before each step `prepare`
   puts every adapter the step uses into a slot, evicting the least recently used slot whose adapter no
   running request uses (`SchedulerOutput.running_loras`; the scheduler keeps those at most `max_loras`,
-  so a running request never loses its slot), and fills the step's token → slot map.
+  so a running request never loses its slot), and returns the step's token → slot map, which the model
+  runner lays out in the rows the step runs in (a CUDA graph's padded layout) with `ctx.set_token_slots`.
 
 Adapters are keyed by `LoRARequest.cache_key` (registration id and content version): a reload under the
 same name is another adapter, so requests still running on the old weights keep them until they finish.
@@ -48,7 +49,7 @@ def load_checked(lora_request: LoRARequest, arch: ModelArch, config: LoRAConfig)
 class LoRAManager:
     def __init__(self, model: torch.nn.Module, config: LoRAConfig, arch: ModelArch, max_num_tokens: int) -> None:
         ref = model.lm_head.weight
-        self.ctx = LoRAContext(max_num_tokens, config.max_loras, ref.dtype, ref.device)
+        self.ctx = LoRAContext(max_num_tokens, config.max_loras, ref.dtype, ref.device, config.lora_kernel)
         model.enable_lora(self.ctx, config.max_lora_rank)
         self.model, self.config, self.arch = model, config, arch
         self.dtype, self.device = ref.dtype, ref.device
@@ -107,9 +108,10 @@ class LoRAManager:
         return tuple(sorted(n for n in self._slot_names if n is not None))
 
     # ---- GPU slots -----------------------------------------------------------------------------------
-    def prepare(self, out: SchedulerOutput) -> None:
-        """Load the step's adapters into slots and set the token → slot map (decodes first, the order of
-        `out.scheduled`, as the input builder lays tokens out).
+    def prepare(self, out: SchedulerOutput) -> np.ndarray:
+        """Load the step's adapters into slots, set `ctx.active` (the step has adapter tokens) and return
+        the token → slot map, [num_tokens] int32 on the host (-1: base model), in the order of
+        `out.scheduled` (decodes first), as the input builder lays tokens out.
 
         Raises:
             RuntimeError: more distinct adapters than slots among running requests (a scheduler bug).
@@ -120,9 +122,8 @@ class LoRAManager:
         self.ctx.active = bool(step_keys)
         pinned = step_keys | {key[1] for key in out.running_loras}
         slot_of = {key: self._slot_for(key, pinned) for key in step_keys}
-        row_slots = np.array([-1 if k is None else slot_of[k] for k in row_keys], dtype=np.int64)
-        token_slots = np.repeat(row_slots, [s.num_new_tokens for s in out.scheduled])
-        self.ctx.set_token_slots(torch.from_numpy(token_slots).to(self.device, non_blocking=True))
+        row_slots = np.array([-1 if k is None else slot_of[k] for k in row_keys], dtype=np.int32)
+        return np.repeat(row_slots, [s.num_new_tokens for s in out.scheduled])
 
     def _slot_for(self, key: str, pinned: set[str]) -> int:
         if key in self._slot_lru:

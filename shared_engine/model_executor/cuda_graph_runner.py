@@ -28,10 +28,18 @@ then fall short of the prefix (their context < prefix_len, outside the kernel's 
 harmless: the prefix kernel scores their rows against this step's prefix, real blocks, and the suffix
 kernel finds their suffix [prefix_len, 1) empty, so they read only valid blocks and write only their own
 (finite, garbage) partial and output rows. Capture runs with prefix_len 0: the suffix kernel alone.
+
+LoRA (`lora_ctx`, a LoRAContext): every graph is captured with the LoRA layers (key `(D, T, cascade,
+True)`), reading the context's fixed slot buffers, which the model runner fills in the graph's padded row
+layout (`pad_rows`: padding rows slot -1, so they add nothing). Decode graphs are also captured without
+them (`(D, 0, cascade, False)`): a decode step with no adapter token replays that one, at the base model's
+cost. Any step may replay a graph with the layers (a step without adapters then adds exact zeros), so a
+missing base-only variant costs time, never correctness. Without LoRA every key ends in False.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from shared_engine.model_executor.attention.cascade import CASCADE_MIN_DECODES
@@ -73,7 +81,7 @@ class CudaGraphRunner:
     def __init__(self, model, kv_caches, backend, *, decode_sizes: list[int], mixed_decode_sizes: list[int],
                  mixed_prefill_sizes: list[int], max_prefill_seqs: int, max_blocks_per_seq: int,
                  max_model_len: int, device: torch.device, enable_cascade: bool = False,
-                 extra_mixed_sizes: list[tuple[int, int]] = ()) -> None:
+                 extra_mixed_sizes: list[tuple[int, int]] = (), lora_ctx=None) -> None:
         self.decode_sizes = sorted(decode_sizes)
         self.mixed_decode_sizes = sorted(mixed_decode_sizes)
         self.mixed_prefill_sizes = sorted(mixed_prefill_sizes)
@@ -95,20 +103,25 @@ class CudaGraphRunner:
         self.prefix_len = torch.zeros(1, dtype=torch.int32, device=device)  # [1] tokens
         self.prefix_blocks = torch.zeros(max_blocks_per_seq, dtype=torch.int32, device=device)
         self.max_model_len = max_model_len
-        # (decodes, prefill tokens, cascade) → graph
-        self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, int, bool], torch.Tensor] = {}
+        # (decodes, prefill tokens, cascade, LoRA layers) → graph
+        self.graphs: dict[tuple[int, int, bool, bool], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int, bool, bool], torch.Tensor] = {}
         sizes = [(bs, 0) for bs in self.decode_sizes]
         sizes += [(d, t) for d in self.mixed_decode_sizes for t in self.mixed_prefill_sizes]
         sizes += [size for size in self.extra_mixed_sizes if size not in sizes]
         keys = [(d, t, False) for d, t in sizes]
         keys += [(d, t, True) for d, t in sizes if enable_cascade and d >= CASCADE_MIN_DECODES]
+        keys = [(*k, lora_ctx is not None) for k in keys]
+        if lora_ctx is not None:  # base-only decode graphs: steps without adapter tokens skip the LoRA layers
+            keys += [(d, t, c, False) for d, t, c, _ in keys if t == 0]
         pool = None
-        for key in sorted(keys, key=lambda k: (k[0] + k[1], k[1], k[2]), reverse=True):  # largest first: one pool
+        for key in sorted(keys, key=lambda k: (k[0] + k[1], k[1], k[2], k[3]), reverse=True):  # largest first
             self._reset_padding(*key[:2])
-            meta = self._meta(*key)
+            meta = self._meta(*key[:3])
             tokens = key[0] + key[1]
             args = (self.input_ids[:tokens], self.positions[:tokens], kv_caches, meta, backend)
+            if lora_ctx is not None:
+                lora_ctx.active = key[3]
             model(*args)  # warm-up: Triton JIT and allocator
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
@@ -142,14 +155,35 @@ class CudaGraphRunner:
             self.context_lens[decodes : decodes + self.max_prefill_seqs].fill_(0)
             self.cu_seqlens_q[decodes : decodes + self.max_prefill_seqs + 1].fill_(decodes)
 
-    def select(self, meta: AttentionMetadata, num_tokens: int) -> tuple[int, int, bool] | None:
-        """The graph (decode bucket, prefill-token bucket, cascade) this step's layout fits, or None (run
-        eagerly). A cascade step replays its bucket's cascade variant; should that be missing, the plain
-        variant, which is correct for any layout."""
+    def select(self, meta: AttentionMetadata, num_tokens: int, lora_active: bool = False
+               ) -> tuple[int, int, bool, bool] | None:
+        """The graph (decode bucket, prefill-token bucket, cascade, LoRA layers) this step's layout fits, or
+        None (run eagerly). A cascade step replays its bucket's cascade variant; should that be missing, the
+        plain variant, which is correct for any layout. A step with no adapter token (`lora_active` False)
+        replays the base-only variant where there is one, else the variant with the LoRA layers."""
         bucket = self._bucket(meta, num_tokens)
         if bucket is None:
             return None
-        return (*bucket, meta.use_cascade and (*bucket, True) in self.graphs)
+        cascade = meta.use_cascade and any((*bucket, True, lora) in self.graphs for lora in (False, True))
+        if not lora_active and (*bucket, cascade, False) in self.graphs:
+            return (*bucket, cascade, False)
+        if (*bucket, cascade, True) in self.graphs:
+            return (*bucket, cascade, True)
+        return (*bucket, False, (*bucket, False, True) in self.graphs)
+
+    @staticmethod
+    def pad_rows(key: tuple[int, int, bool, bool], num_decodes: int, values: np.ndarray, fill: int) -> np.ndarray:
+        """Per-token `values` [num_tokens] (the step's order: decodes, then prefill tokens) in graph `key`'s
+        rows: decodes at [0, nd), prefill tokens from D on, `fill` in the padding between (rows past the
+        end are the caller's to fill). Decode graphs: `values` as they are."""
+        d, t = key[0], key[1]
+        if t == 0 or num_decodes == d:
+            return values
+        tp = values.shape[0] - num_decodes
+        rows = np.full(d + tp, fill, dtype=values.dtype)
+        rows[:num_decodes] = values[:num_decodes]
+        rows[d:] = values[num_decodes:]
+        return rows
 
     def _bucket(self, meta: AttentionMetadata, num_tokens: int) -> tuple[int, int] | None:
         nd, num_seqs = meta.num_decodes, meta.num_seqs
@@ -173,11 +207,11 @@ class CudaGraphRunner:
         return min(fits, key=lambda size: (size[0] + size[1], size[1]))  # fewest padded rows
 
     @torch.inference_mode()
-    def run(self, key: tuple[int, int, bool], input_ids: torch.Tensor, positions: torch.Tensor,
+    def run(self, key: tuple[int, int, bool, bool], input_ids: torch.Tensor, positions: torch.Tensor,
             meta: AttentionMetadata) -> torch.Tensor:
         """Replay graph `key` (from `select`) for this step; returns hidden states in the step's own
         (unpadded) token order, `[num_tokens, hidden]`."""
-        d, t, cascade = key
+        d, t, cascade, _ = key
         nd, n = meta.num_decodes, input_ids.shape[0]
         width = meta.block_tables.shape[1]
         self.input_ids[:nd].copy_(input_ids[:nd])

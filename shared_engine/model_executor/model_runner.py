@@ -109,7 +109,10 @@ class ModelRunner:
         if config.lora.enable_lora:
             from shared_engine.lora.lora_manager import LoRAManager
 
-            self.lora = LoRAManager(self.model, config.lora, self.arch, config.scheduler.token_budget)
+            # token rows: a step's tokens, or a CUDA graph's padded rows (at most max_num_seqs decodes + the
+            # prefill tokens, themselves within the budget)
+            max_rows = config.scheduler.token_budget + config.scheduler.max_num_seqs
+            self.lora = LoRAManager(self.model, config.lora, self.arch, max_rows)
         self.kv_caches: list[torch.Tensor] = []
         self.offloader: KVOffloader | None = None  # kv_offload_size > 0: the host tier's buffer and copies
         self.graph_runner: CudaGraphRunner | None = None
@@ -121,6 +124,7 @@ class ModelRunner:
         self.mixed_graph_steps = 0  # of those, steps with prefill chunks
         self.cascade_steps = 0  # steps whose decodes ran cascade attention (graphed or eager)
         self.cascade_graph_steps = 0  # of those, steps replayed from a cascade graph
+        self.base_only_graph_steps = 0  # LoRA engine: graph steps replayed without the LoRA layers (no adapter)
 
     def _load(self, source: ModelSource) -> torch.nn.Module:
         torch.manual_seed(self.config.model.seed)
@@ -217,15 +221,13 @@ class ModelRunner:
             return
         started = time.perf_counter()
         max_len = cfg.model.max_model_len
-        if self.lora is not None:  # graphs always run the LoRA layers (a zero mask for base-model tokens)
-            self.lora.ctx.active = True
         with torch.inference_mode():
             self.graph_runner = CudaGraphRunner(
                 self.model, self.kv_caches, self.backend, decode_sizes=decode_sizes,
                 mixed_decode_sizes=mixed_decode, mixed_prefill_sizes=mixed_prefill,
                 max_prefill_seqs=min(MAX_PREFILL_SEQS, max_num_seqs), max_blocks_per_seq=-(-max_len // self.block_size),
                 max_model_len=max_len, device=self.device, enable_cascade=self.enable_cascade,
-                extra_mixed_sizes=filling)
+                extra_mixed_sizes=filling, lora_ctx=None if self.lora is None else self.lora.ctx)
         self.capture_seconds = time.perf_counter() - started
         self.num_cuda_graphs = len(self.graph_runner.graphs)
 
@@ -249,17 +251,23 @@ class ModelRunner:
             self.offloader.run(out.kv_offloads, out.kv_restores)
         inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade)
         inputs.patch_placeholders(None if previous is None else previous.tokens)
-        if self.lora is not None:
-            self.lora.prepare(out)
+        token_slots = None if self.lora is None else self.lora.prepare(out)  # sets lora.ctx.active
+        lora_active = self.lora is not None and self.lora.ctx.active
         self.cascade_steps += inputs.meta.use_cascade
         if cuda:
             span[0].record()
-        key = None if self.graph_runner is None else self.graph_runner.select(inputs.meta, inputs.input_ids.shape[0])
+        num_tokens = inputs.input_ids.shape[0]
+        key = None if self.graph_runner is None else self.graph_runner.select(inputs.meta, num_tokens, lora_active)
+        if token_slots is not None:  # the LoRA slot map in the rows the step runs in (a graph's padded layout)
+            if key is not None:
+                token_slots = self.graph_runner.pad_rows(key, inputs.meta.num_decodes, token_slots, -1)
+            self.lora.ctx.set_token_slots(token_slots)
         if key is not None:
             hidden = self.graph_runner.run(key, inputs.input_ids, inputs.positions, inputs.meta)
             self.graph_steps += 1
             self.mixed_graph_steps += key[1] > 0
             self.cascade_graph_steps += key[2]
+            self.base_only_graph_steps += self.lora is not None and not key[3]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         prompt_logprobs = self._prompt_logprobs(out, hidden, inputs)

@@ -181,10 +181,11 @@ CASCADE_LAYOUTS = [
 def test_cascade_graphs_only_where_they_can_pay(runner):
     graphs = runner.graph_runner.graphs
     assert runner.enable_cascade  # CUDA, prefix caching on (the default), cascade not disabled
-    assert all(d >= CASCADE_MIN_DECODES for d, _, cascade in graphs if cascade)
-    for d, t, _ in list(graphs):
-        assert (d, t, True) in graphs or d < CASCADE_MIN_DECODES
-    assert any(t > 0 for _, t, cascade in graphs if cascade)  # mixed graphs have cascade variants too
+    assert all(d >= CASCADE_MIN_DECODES for d, _, cascade, _ in graphs if cascade)
+    for d, t, _, lora in list(graphs):
+        assert (d, t, True, lora) in graphs or d < CASCADE_MIN_DECODES
+        assert not lora  # no LoRA engine: no graph with LoRA layers
+    assert any(t > 0 for _, t, cascade, _ in graphs if cascade)  # mixed graphs have cascade variants too
 
 
 @pytest.mark.parametrize("num_decodes,chunks", CASCADE_LAYOUTS)
@@ -199,7 +200,7 @@ def test_cascade_graph_step_equals_eager_step(runner, num_decodes, chunks):
     num_tokens = inputs.input_ids.shape[0]
     key = runner.graph_runner.select(meta, num_tokens)
     assert key is not None and key[2] and key[0] >= num_decodes and (key[1] > 0) == bool(chunks)
-    assert runner.graph_runner.select(plain, num_tokens) == (key[0], key[1], False)
+    assert runner.graph_runner.select(plain, num_tokens) == (key[0], key[1], False, False)
     for cache in runner.kv_caches:
         cache.normal_()  # the shared prefix and the suffixes hold arbitrary K/V
     caches_before = [c.clone() for c in runner.kv_caches]

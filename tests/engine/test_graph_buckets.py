@@ -52,3 +52,31 @@ def test_step_replays_the_graph_with_fewest_padded_rows():
     assert runner._bucket(*_meta(20, [])) == (24, 0)  # decode-only
     assert runner._bucket(*_meta(60, [600])) is None  # more prefill tokens than any graph: eager
     assert runner._bucket(*_meta(2, [10] * 9)) is None  # more chunks than a graph has room for
+
+
+def test_lora_steps_pick_the_base_only_variant_only_without_adapters():
+    """A LoRA engine captures every graph with the LoRA layers and decode graphs also without: a step with
+    no adapter token replays the base-only decode graph, any other step the graph with the layers."""
+    runner = _runner(64, 512, 512)
+    runner.graphs = {(d, 0, False, True): None for d in runner.decode_sizes}
+    runner.graphs |= {(d, 0, False, False): None for d in runner.decode_sizes}
+    runner.graphs |= {(64, 464, False, True): None}
+    decode, mixed = _meta(20, []), _meta(60, [452])
+    assert runner.select(*decode, lora_active=False) == (24, 0, False, False)
+    assert runner.select(*decode, lora_active=True) == (24, 0, False, True)
+    assert runner.select(*mixed, lora_active=False) == (64, 464, False, True)  # no base-only mixed graph
+    assert runner.select(*mixed, lora_active=True) == (64, 464, False, True)
+    runner.graphs = {(d, 0, False, False): None for d in runner.decode_sizes}  # an engine without LoRA
+    assert runner.select(*decode) == (24, 0, False, False)
+
+
+def test_pad_rows_lays_token_values_out_in_the_graph_rows():
+    """Mixed graph (D=8, T=16) with 3 decodes and 5 prefill tokens: decodes at rows 0-2, padding decodes 3-7,
+    prefill tokens from row 8 (what the graph's inputs look like, so the LoRA slot of every row matches)."""
+    import numpy as np
+
+    values = np.array([4, -1, 2, 7, 7, 7, 0, 0], dtype=np.int32)
+    rows = CudaGraphRunner.pad_rows((8, 16, False, True), 3, values, -1)
+    assert rows.tolist() == [4, -1, 2, -1, -1, -1, -1, -1, 7, 7, 7, 0, 0]
+    assert CudaGraphRunner.pad_rows((8, 0, False, True), 3, values[:3], -1).tolist() == [4, -1, 2]
+    assert CudaGraphRunner.pad_rows((3, 16, False, True), 3, values, -1).tolist() == values.tolist()

@@ -81,6 +81,8 @@ _HELP = {
     "max_lora_rank": "largest adapter rank accepted (each slot's size)",
     "max_cpu_loras": "adapters kept in the CPU cache (default: max_loras)",
     "allowed_local_lora_path": "adapter paths must resolve inside this directory",
+    "lora_kernel": "CUDA LoRA kernels: sgmv (tokens grouped by adapter, weights read once per tile) or bgmv "
+    "(weights read once per token)",
     "lora_modules": "adapters served from the start, as name=path",
     "allow_runtime_lora_updating": "enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter",
     "lora_admin_key": "bearer token for the LoRA admin routes (env fallback: SHARED_ENGINE_LORA_ADMIN_KEY)",

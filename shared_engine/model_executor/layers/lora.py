@@ -13,49 +13,85 @@ computed for the whole batch as two dense matmuls over all slots, masked per tok
 
 Every shape is static, with no host sync and no data-dependent control flow, so the same code runs on the
 CPU and inside CUDA graphs (the slot map lives in `LoRAContext`'s fixed buffers, refilled before each
-step). The cost is that of all `max_loras` slots whichever adapters the step uses (Punica's BGMV/SGMV
-kernels, Chen et al. 2023, https://arxiv.org/abs/2310.18547, read only the used ones). On CUDA the layers
-use those kernels instead (kernels/lora_bgmv.py: per-token shrink/expand reading each token's own slot,
-mixed ranks via each layer's `slot_ranks`, 0 for a module the slot's adapter does not target), with the
-same fixed buffers, so they are captured in CUDA graphs.
+step). The cost is that of all `max_loras` slots whichever adapters the step uses. On CUDA the layers run
+Triton kernels instead, on the same fixed buffers (so CUDA graphs capture them), with mixed ranks via each
+layer's `slot_ranks` (0 for a module the slot's adapter does not target):
+- `sgmv` (default, kernels/lora_sgmv.py): the host groups the step's tokens by slot into tiles of up to 16
+  tokens; each tile reads its adapter's A and B once, and one launch covers every slice of a fused
+  projection (q, k, v; gate, up);
+- `bgmv` (`lora_kernel="bgmv"`, kernels/lora_bgmv.py): each token reads its own slot's A and B.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
 
 class LoRAContext:
-    """The step's token → slot map, shared by every LoRA layer of one model.
+    """The step's token → slot map, shared by every LoRA layer of one model, in fixed device buffers.
 
-    `slot_mask` [max_num_tokens, max_loras] (model dtype): row t is one-hot at token t's slot, all zero for
-    the base model (slot -1) and for padding rows. `active`: False skips every LoRA layer in eager steps
-    whose tokens all run on the base model (bitwise the base model's output); CUDA graphs are captured
-    with it True.
+    One int32 buffer holds, for `max_num_tokens` token rows (the step's rows in the layout the model runs,
+    a CUDA graph's padded one included): `token_slots` (each row's slot, -1 for the base model and padding),
+    and the SGMV metadata `sgmv_tokens` / `sgmv_tiles` (kernels/lora_sgmv.build_tiles); `slot_mask`
+    [max_num_tokens, max_loras] (model dtype, the torch path): row t one-hot at token t's slot, all zero for
+    slot -1. `active`: False skips every LoRA layer in eager steps whose tokens all run on the base model
+    (bitwise the base model's output) and picks a CUDA graph captured without the LoRA layers where there
+    is one (`CudaGraphRunner`); graphs with the layers are captured with it True. `kernel`: "torch" (the
+    masked dense path; always on the CPU), "sgmv" or "bgmv" (CUDA, `LoRAConfig.lora_kernel`).
     """
 
-    def __init__(self, max_num_tokens: int, max_loras: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, max_num_tokens: int, max_loras: int, dtype: torch.dtype, device: torch.device,
+                 kernel: str = "sgmv") -> None:
+        from kernels.lora_sgmv import max_tiles
+
         self.max_loras = max_loras
+        self.max_num_tokens = max_num_tokens
+        self.kernel = kernel if torch.device(device).type == "cuda" else "torch"
+        self.max_tiles = max(1, max_tiles(max_num_tokens, max_loras))
+        n, tiles = max_num_tokens, self.max_tiles
+        self._meta = torch.zeros(2 * n + 3 * tiles, dtype=torch.int32, device=device)
+        self._meta[:n].fill_(-1)
+        self._meta[2 * n : 2 * n + tiles].fill_(-1)
+        self._token_slots = self._meta[:n]
+        self.sgmv_tokens = self._meta[n : 2 * n]
+        self.sgmv_tiles = self._meta[2 * n :].view(3, tiles)
         self.slot_mask = torch.zeros(max_num_tokens, max_loras, dtype=dtype, device=device)
-        self._token_slots = torch.full((max_num_tokens,), -1, dtype=torch.int64, device=device)
         self._slot_ids = torch.arange(max_loras, device=device)
-        self.use_kernels = torch.device(device).type == "cuda"
+        self._all_base = True  # the buffers hold no adapter token (the next all-base step copies nothing)
         self.active = False
 
     @property
     def token_slots(self) -> torch.Tensor:
-        """[max_num_tokens] int64: each token's slot (-1: base model and padding)."""
+        """[max_num_tokens] int32: each token row's slot (-1: base model and padding)."""
         return self._token_slots
 
-    def set_token_slots(self, token_slots: torch.Tensor) -> None:
-        """`token_slots` [num_tokens] int64 (slot of each token, -1 = base) → the fixed mask buffer."""
-        n = token_slots.shape[0]
-        if n > self._token_slots.shape[0]:
-            raise ValueError(f"{n} tokens exceed the LoRA context's {self._token_slots.shape[0]}")
-        self._token_slots.fill_(-1)
-        self._token_slots[:n].copy_(token_slots, non_blocking=True)
-        self.slot_mask.copy_(self._token_slots[:, None] == self._slot_ids[None, :])
+    def set_token_slots(self, token_slots) -> None:
+        """`token_slots` [num_rows] int (numpy or a CPU tensor: each row's slot, -1 = base) → the fixed
+        buffers, in one host-to-device copy (queued on the stream, after the step in flight). Raises
+        ValueError past `max_num_tokens` rows."""
+        from kernels.lora_sgmv import build_tiles
+
+        if isinstance(token_slots, torch.Tensor):
+            token_slots = token_slots.cpu().numpy()
+        slots = np.asarray(token_slots, dtype=np.int32)
+        n, cap = slots.shape[0], self.max_num_tokens
+        if n > cap:
+            raise ValueError(f"{n} tokens exceed the LoRA context's {cap}")
+        all_base = not (slots >= 0).any()
+        if all_base and self._all_base:
+            return
+        host = np.empty(self._meta.shape[0], dtype=np.int32)
+        host[:n] = slots
+        host[n:cap] = -1
+        tokens, tiles = build_tiles(slots, cap, self.max_tiles)
+        host[cap : 2 * cap] = tokens
+        host[2 * cap :] = tiles.ravel()
+        self._meta.copy_(torch.from_numpy(host), non_blocking=True)
+        if self.kernel == "torch":
+            self.slot_mask.copy_(self._token_slots[:, None] == self._slot_ids[None, :])
+        self._all_base = all_base
 
 
 class LoRAProjection(nn.Module):
@@ -63,7 +99,8 @@ class LoRAProjection(nn.Module):
     qkv_proj, or gate, up), one A and B stack per slice.
 
     Buffers: `lora_a` [num_slices * max_loras * max_rank, in_features] (slice-major, then slot, then rank
-    row); `lora_b_<i>` [max_loras * max_rank, out_sizes[i]] (B transposed, scaled).
+    row); `lora_b_all` [max_loras * max_rank, sum(out_sizes)] (B transposed and scaled; slice i is columns
+    `slice_offsets[i]:slice_offsets[i + 1]`, `lora_b(i)`); `slot_ranks` [num_slices, max_loras] int32.
     """
 
     def __init__(self, ctx: LoRAContext, in_features: int, out_sizes: list[int], max_rank: int,
@@ -74,44 +111,56 @@ class LoRAProjection(nn.Module):
         self.max_rank = max_rank
         width = ctx.max_loras * max_rank
         self.register_buffer("lora_a", torch.zeros(len(out_sizes) * width, in_features, dtype=dtype, device=device))
-        for i, size in enumerate(out_sizes):
-            self.register_buffer(f"lora_b_{i}", torch.zeros(width, size, dtype=dtype, device=device))
+        self.register_buffer("lora_b_all", torch.zeros(width, sum(out_sizes), dtype=dtype, device=device))
+        self._offsets = np.cumsum([0, *out_sizes]).tolist()
+        self.register_buffer("slice_offsets", torch.tensor(self._offsets, dtype=torch.int32, device=device))
         # [num_slices, max_loras] int32: each slot's rank in each slice, 0 where its adapter does not target
         # the module (the kernels then skip it)
         self.register_buffer("slot_ranks", torch.zeros(len(out_sizes), ctx.max_loras, dtype=torch.int32,
                                                        device=device))
 
     def lora_b(self, index: int) -> torch.Tensor:
-        return getattr(self, f"lora_b_{index}")
+        """Slice `index`'s B: [max_loras * max_rank, out_sizes[index]] (a column view of `lora_b_all`)."""
+        return self.lora_b_all[:, self._offsets[index] : self._offsets[index + 1]]
 
     def forward(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Add each token's delta to `out` [num_tokens, sum(out_sizes)] in place; `x` [num_tokens, in]."""
         if not self.ctx.active:
             return out
+        if self.ctx.kernel == "sgmv":
+            return self._forward_sgmv(x, out)
+        if self.ctx.kernel == "bgmv":
+            return self._forward_bgmv(x, out)
         num_tokens = x.shape[0]
         slots, rank = self.ctx.max_loras, self.max_rank
-        if self.ctx.use_kernels:
-            return self._forward_kernels(x, out)
         shrink = (x @ self.lora_a.t()).view(num_tokens, len(self.out_sizes), slots, rank)
         shrink = shrink * self.ctx.slot_mask[:num_tokens, None, :, None]
-        offset = 0
-        for i, size in enumerate(self.out_sizes):
-            out[:, offset : offset + size] += shrink[:, i].reshape(num_tokens, slots * rank) @ self.lora_b(i)
-            offset += size
+        for i in range(len(self.out_sizes)):
+            lo, hi = self._offsets[i], self._offsets[i + 1]
+            out[:, lo:hi] += shrink[:, i].reshape(num_tokens, slots * rank) @ self.lora_b(i)
         return out
 
-    def _forward_kernels(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def _forward_sgmv(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        from kernels.lora_sgmv import sgmv_expand, sgmv_shrink
+
+        slots, rank, ctx = self.ctx.max_loras, self.max_rank, self.ctx
+        a = self.lora_a.view(len(self.out_sizes), slots, rank, -1)
+        # [splits, slices, T, rank] fp32 split-K partials, summed by the expand as it reads them
+        shrunk = sgmv_shrink(x, a, self.slot_ranks, ctx.sgmv_tokens, ctx.sgmv_tiles, reduce=False)
+        return sgmv_expand(out, shrunk, self.lora_b_all.view(slots, rank, -1), self.slot_ranks, ctx.sgmv_tokens,
+                           ctx.sgmv_tiles, self.slice_offsets, max(self.out_sizes))
+
+    def _forward_bgmv(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         from kernels.lora_bgmv import lora_expand, lora_shrink
 
         slots, rank, ctx = self.ctx.max_loras, self.max_rank, self.ctx
         a = self.lora_a.view(len(self.out_sizes), slots, rank, -1)
-        offset = 0
         for i, size in enumerate(self.out_sizes):
             ranks = self.slot_ranks[i]
             shrunk = lora_shrink(x, a[i], ctx.token_slots, ranks)  # [num_tokens, rank] fp32
-            lora_expand(out[:, offset : offset + size], shrunk, self.lora_b(i).view(slots, rank, size),
-                        ctx.token_slots, ranks)
-            offset += size
+            lo = self._offsets[i]
+            lora_expand(out[:, lo : lo + size], shrunk, self.lora_b(i).view(slots, rank, size), ctx.token_slots,
+                        ranks)
         return out
 
     @torch.no_grad()
