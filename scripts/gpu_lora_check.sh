@@ -2,12 +2,13 @@
 # Multi-LoRA on one CUDA machine (issue 18), every results file to OUTDIR:
 #   1. LoRA kernel tests on CUDA: SGMV and BGMV against their references, real llama-3.1-8b shapes in bf16;
 #   2. LoRA under CUDA graphs (small fp32 model): greedy outputs mixing 3 adapters and the base through
-#      graphs (SGMV, BGMV) equal the eager masked torch path; base-only steps replay base-only graphs;
+#      graphs (SGMV, BGMV) equal the eager masked torch path; base-only steps replay base-only graphs; and
+#      tests/engine/test_cuda_graphs.py's step-level graph = eager checks (the graph keys changed);
 #   3. scripts/bench_lora_kernels.py: SGMV vs BGMV per projection at T = 1, 240, 2048 (graph replays);
 #   4. scripts/bench_lora.py: base engine vs the LoRA engine on the base, 30 rank-16 adapters, 30 of ranks
 #      8/16/64, batch-1 ITL, the CPU-cache-to-slot time (NUM_REQUESTS, default 240 as in the README table).
 # Each step has its own time limit, so one slow step cannot starve the next. Estimate on one H200, cold
-# Triton cache: ~25 + ~35 + ~20 + ~120 s (the benchmark's two engine start-ups and adapter writing dominate).
+# Triton cache: ~25 + ~45 + ~20 + ~120 s (the benchmark's two engine start-ups and adapter writing dominate).
 #   GIT_COMMIT=<sha> scripts/gpu_lora_check.sh OUTDIR      (the device copy has no .git)
 set -uo pipefail
 OUT=${1:?usage: gpu_lora_check.sh OUTDIR}
@@ -23,8 +24,9 @@ step "LoRA kernel tests (CUDA, real shapes in bf16)"
 timeout 90 $PY -m pytest tests/kernels/test_lora_sgmv.py tests/kernels/test_lora_bgmv.py -q -p no:cacheprovider \
   -rs 2>&1 | tail -15 | tee "$OUT/lora_kernel_tests_${COMMIT}.log"
 
-step "LoRA under CUDA graphs (graphs = eager torch path; base-only graphs)"
-timeout 90 $PY -m pytest tests/lora/test_lora_cuda_graphs.py -q -p no:cacheprovider -rs 2>&1 | tail -15 \
+step "LoRA under CUDA graphs (graphs = eager torch path; base-only graphs); graph steps = eager steps (no LoRA)"
+timeout 120 $PY -m pytest tests/lora/test_lora_cuda_graphs.py tests/engine/test_cuda_graphs.py -q -p no:cacheprovider \
+  -rs -k "lora_greedy or step_equals_eager or cascade_graphs_only or run_eagerly" 2>&1 | tail -15 \
   | tee "$OUT/lora_graph_tests_${COMMIT}.log"
 
 step "SGMV vs BGMV per projection"

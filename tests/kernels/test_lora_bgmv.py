@@ -23,11 +23,11 @@ def case(num_tokens, in_features, out_features, ranks, dtype, seed=0, device="cp
     (1, 64, 48, [8]), (7, 100, 33, [4, 16, 8]), (19, 300, 260, [2, 8, 16, 1]), (5, 32, 16, [16, 16]),
     (3, 1100, 40, [4, 8])])  # 1100: three split-K chunks
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_shrink_expand_match_reference(num_tokens, in_features, out_features, ranks, dtype):
-    x, a, b, slots, rank_t = case(num_tokens, in_features, out_features, ranks, dtype)
+def test_shrink_expand_match_reference(num_tokens, in_features, out_features, ranks, dtype, device):
+    x, a, b, slots, rank_t = case(num_tokens, in_features, out_features, ranks, dtype, device=device)
     s = lora_shrink(x, a, slots, rank_t)
     torch.testing.assert_close(s, lora_shrink_ref(x, a, slots, rank_t), rtol=1e-4, atol=1e-3)
-    y = torch.randn(num_tokens, out_features).to(dtype)
+    y = torch.randn(num_tokens, out_features).to(device, dtype)
     expected = lora_expand_ref(y, s, b, slots, rank_t)
     lora_expand(y, s, b, slots, rank_t)
     tol = dict(rtol=1e-4, atol=1e-3) if dtype == torch.float32 else dict(rtol=2e-2, atol=0.1)
@@ -36,9 +36,9 @@ def test_shrink_expand_match_reference(num_tokens, in_features, out_features, ra
     assert torch.all(s[base] == 0)
 
 
-def test_expand_into_a_column_slice_and_bad_shapes():
-    x, a, b, slots, ranks = case(6, 40, 24, [4, 8], torch.float32, seed=3)
-    fused = torch.randn(6, 60)
+def test_expand_into_a_column_slice_and_bad_shapes(device):
+    x, a, b, slots, ranks = case(6, 40, 24, [4, 8], torch.float32, seed=3, device=device)
+    fused = torch.randn(6, 60, device=device)
     y = fused[:, 10:34]  # the k slice of a fused qkv output: strided rows
     expected = lora_expand_ref(y.clone(), lora_shrink_ref(x, a, slots, ranks), b, slots, ranks)
     lora_expand(y, lora_shrink(x, a, slots, ranks), b, slots, ranks)
@@ -70,30 +70,31 @@ def test_real_shapes_bf16_on_gpu(num_tokens, in_features, out_features, rank):
 
 
 @pytest.mark.parametrize("kernel", ["sgmv", "bgmv"])
-def test_lora_layer_kernel_path_equals_torch_path(kernel):
+def test_lora_layer_kernel_path_equals_torch_path(kernel, device):
     """The model's LoRA layer gives the same output through either kernel as through the masked torch path
     (fused q/k/v slices of unequal widths, adapters of different ranks, an untargeted slice, an empty slot,
     base-model tokens, a segment longer than one SGMV tile), and the context's slots follow a refill."""
     from shared_engine.model_executor.layers.lora import LoRAContext, LoRAProjection
 
     g = torch.Generator().manual_seed(5)
-    ctx = LoRAContext(max_num_tokens=48, max_loras=3, dtype=torch.float32, device=torch.device("cpu"))
-    layer = LoRAProjection(ctx, 24, [16, 8, 8], max_rank=8, dtype=torch.float32, device=torch.device("cpu"))
+    dev = torch.device(device)
+    ctx = LoRAContext(max_num_tokens=48, max_loras=3, dtype=torch.float32, device=dev)
+    layer = LoRAProjection(ctx, 24, [16, 8, 8], max_rank=8, dtype=torch.float32, device=dev)
     for slot, rank in [(0, 8), (2, 3)]:
         for i, size in enumerate([16, 8, 8]):
             a, b = (torch.randn(rank, 24, generator=g), torch.randn(size, rank, generator=g)) if (slot, i) != (2, 1) \
                 else (None, None)
-            layer.write_slot(slot, i, a, b)
+            layer.write_slot(slot, i, *((None, None) if a is None else (a.to(dev), b.to(dev))))
     ctx.active = True
     for slots in ([0, -1, 2, 2, 0, -1, 1], [2] * 20 + [-1, 0] * 9):  # slot 1 is empty: adds zeros
         ctx.kernel = "torch"
         ctx.set_token_slots(torch.tensor(slots))
-        x, base = torch.randn(len(slots), 24, generator=g), torch.randn(len(slots), 32, generator=g)
+        x, base = (torch.randn(len(slots), n, generator=g).to(dev) for n in (24, 32))
         expected = layer(x, base.clone())
         ctx.kernel = kernel
         got = layer(x, base.clone())
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-        on_base = torch.tensor(slots) == -1
+        on_base = torch.tensor(slots, device=dev) == -1
         assert torch.equal(got[on_base], base[on_base]) and not torch.allclose(got[0], base[0])
     ctx.active = False
     assert torch.equal(layer(x, base.clone()), base)  # a step without adapters skips the layer
