@@ -60,6 +60,9 @@ CASES: dict[str, tuple[str, dict]] = {
                                                **MODEL_FIELDS})),
     "many_prompts": (COMPLETIONS, _json({"prompt": ["Hi"] * 100_000, **MODEL_FIELDS})),
     "prompt_over_context": (COMPLETIONS, _json({"prompt": "word " * 1_500_000, **MODEL_FIELDS})),
+    "prompt_many_short_words": (COMPLETIONS, _json({"prompt": "ab " * 27_000, **MODEL_FIELDS})),
+    "prompts_over_context": (COMPLETIONS, _json({"prompt": ["word " * 20_000] * 64, **MODEL_FIELDS})),
+    "chat_message_over_context": (CHAT, _json({"messages": _user("word " * 1_500_000), **MODEL_FIELDS})),
     # chat templates that explode in size: many messages, each rendered with its own role markers
     "template_many_messages": (CHAT, _json({"messages": _user() * 200_000, **MODEL_FIELDS})),
     "template_many_parts": (CHAT, _json({"messages": [{"role": "user", "content": [

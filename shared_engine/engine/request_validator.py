@@ -24,18 +24,22 @@ def validate_request(prompt_token_ids: list[int], params: SamplingParams, max_mo
     for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or ())):
         if any(t >= vocab_size for t in ids):
             raise ValueError(f"{name}: token ids must be in [0, {vocab_size})")
-    n = len(prompt_token_ids)
-    if params.max_tokens is None:
+    message = context_overflow(len(prompt_token_ids), params.max_tokens, max_model_len)
+    if message is not None:
+        raise ValueError(message)
+    return max_model_len - len(prompt_token_ids) if params.max_tokens is None else params.max_tokens
+
+
+def context_overflow(n: int, max_tokens: int | None, max_model_len: int) -> str | None:
+    """The context-overflow message for a prompt of `n` tokens and `max_tokens` (None: at least one
+    output token must fit), or None when it fits."""
+    if max_tokens is None:
         if n >= max_model_len:
-            raise ValueError(
-                f"This model's maximum context length is {max_model_len} tokens. However, your prompt has "
-                f"{n} tokens, which leaves no room for any output token."
-            )
-        return max_model_len - n
-    if n + params.max_tokens > max_model_len:
-        raise ValueError(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{n + params.max_tokens} tokens ({n} in the prompt, {params.max_tokens} for the completion "
-            f"(max_tokens)). Please reduce the prompt or max_tokens."
-        )
-    return params.max_tokens
+            return (f"This model's maximum context length is {max_model_len} tokens. However, your prompt has "
+                    f"{n} tokens, which leaves no room for any output token.")
+        return None
+    if n + max_tokens > max_model_len:
+        return (f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                f"{n + max_tokens} tokens ({n} in the prompt, {max_tokens} for the completion "
+                f"(max_tokens)). Please reduce the prompt or max_tokens.")
+    return None

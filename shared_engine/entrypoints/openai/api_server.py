@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 import shared_engine
 from shared_engine.config import EngineConfig
 from shared_engine.entrypoints.openai.async_engine import AsyncEngine, AsyncEngineBase
+from shared_engine.entrypoints.openai.body_precheck import BODY_BYTES_KEY, PrecheckedRoute
 from shared_engine.entrypoints.openai.chat_render import render_chat
 from shared_engine.entrypoints.openai.engine_watchdog import exit_when_dead
 from shared_engine.entrypoints.openai.errors import bad_request, error_response, install_error_handlers
@@ -85,6 +86,7 @@ def create_app(engine, server_config: ServerConfig | None = None,
     app = FastAPI(title="shared-engine OpenAI-compatible API", version=shared_engine.__version__,
                   lifespan=lifespan)
     app.state.ctx = ctx
+    app.router.route_class = PrecheckedRoute  # counts checked on the raw JSON, before validation
     install_error_handlers(app)
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses=stream_responses(),
@@ -126,13 +128,15 @@ def create_app(engine, server_config: ServerConfig | None = None,
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=error_responses(400, 401, 404))
-    async def tokenize(body: TokenizeRequest):
+    async def tokenize(body: TokenizeRequest, request: Request):
         ctx.check_model(body.model)
         tokenizer = ctx.need_tokenizer()
         if body.messages is not None:
-            ids = await ctx.off_loop(render_chat, tokenizer, body.messages, body.add_generation_prompt, body.tools)
+            ids = await ctx.off_loop(render_chat, tokenizer, body.messages, body.add_generation_prompt, body.tools,
+                                     size=request.scope.get(BODY_BYTES_KEY, 0))
         elif body.prompt is not None:
-            ids = await ctx.off_loop(lambda: tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+            ids = await ctx.off_loop(lambda: tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens),
+                                     size=len(body.prompt))
         else:
             raise bad_request("give prompt or messages")
         return TokenizeResponse(count=len(ids), max_model_len=async_engine.max_model_len, tokens=ids)
@@ -143,7 +147,8 @@ def create_app(engine, server_config: ServerConfig | None = None,
         vocab = async_engine.source.arch.vocab_size
         if any(t >= vocab for t in body.tokens):
             raise bad_request(f"token ids must be in [0, {vocab})", "tokens")
-        return DetokenizeResponse(prompt=await ctx.off_loop(ctx.need_tokenizer().decode, body.tokens))
+        return DetokenizeResponse(prompt=await ctx.off_loop(ctx.need_tokenizer().decode, body.tokens,
+                                                            size=len(body.tokens)))
 
     @app.get("/version", response_model=VersionResponse, responses=error_responses(401),
              summary="The engine's version and configuration (local paths reduced to their last component)")

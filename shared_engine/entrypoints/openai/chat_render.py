@@ -7,7 +7,9 @@ serves text models; assistant `tool_calls` and `tools` are rendered as tool_call
 
 from __future__ import annotations
 
-from shared_engine.engine.tokenizer import apply_chat_template
+from collections.abc import Callable
+
+from shared_engine.engine.tokenizer import render_chat_text
 from shared_engine.entrypoints.openai.errors import bad_request
 from shared_engine.entrypoints.openai.protocol import ChatMessage
 from shared_engine.entrypoints.openai.protocol_tools import Tool
@@ -35,10 +37,20 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict]:
 
 
 def render_chat(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool = True,
-                tools: list[Tool] | None = None) -> list[int]:
-    """Prompt token ids. Raises `APIError` 400 when the template rejects the conversation."""
+                tools: list[Tool] | None = None, check: Callable[[str], None] | None = None) -> list[int]:
+    """Prompt token ids. `check` sees the rendered text before it is tokenised (and may raise).
+
+    Raises:
+        APIError: 400 when the template rejects the conversation, or whatever `check` raises.
+    """
     dicts, template_tools = with_tools(message_dicts(messages), tools, [m.tool_calls for m in messages], tokenizer)
     try:
-        return apply_chat_template(tokenizer, dicts, add_generation_prompt, tools=template_tools)
+        text = render_chat_text(tokenizer, dicts, add_generation_prompt, tools=template_tools)
     except Exception as e:  # noqa: BLE001 - a template error comes from the client's messages
         raise bad_request(f"could not apply the chat template: {e}", "messages") from e
+    if check is not None:
+        check(text)
+    try:
+        return tokenizer.encode(text, add_special_tokens=False)
+    except Exception as e:  # noqa: BLE001 - e.g. lone surrogates in the client's messages
+        raise bad_request(f"could not tokenize the messages: {e}", "messages") from e

@@ -36,6 +36,12 @@ _HELP = {
     "max_stop_token_ids": "most stop_token_ids per request (default 64)",
     "max_prompts_per_request": "most prompts in one completions request (default 64)",
     "max_prompt_tokens_per_request": "most prompt tokens per request, summed over its sequences (default 131072)",
+    "max_chat_messages": "most chat messages per request, counted before validation (default 2048, OpenAI's)",
+    "max_content_parts": "most content parts per chat request, summed over its messages (default 2048)",
+    "large_input_bytes": "requests with more input bytes (body or prompts) are tokenised in a lane of their own, "
+    "so that small requests never wait behind them (default 65536)",
+    "max_large_inputs": "most such large requests being tokenised or waiting; more get 503 + Retry-After "
+    "(default 4)",
     "max_header_bytes": "largest request line + headers in bytes; larger get 431 (default 32768)",
     "max_headers": "most request headers; more get 431 (default 100)",
     "header_read_timeout_s": "seconds a connection may take to send a request head (from connecting, or from "

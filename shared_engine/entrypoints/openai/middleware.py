@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 
+from shared_engine.entrypoints.openai.body_precheck import BODY_BYTES_KEY
 from shared_engine.entrypoints.openai.errors import error_response
 
 
@@ -69,6 +70,7 @@ class BodySizeLimitMiddleware:
             if size > self.max_bytes:
                 return await self._too_large(scope, receive, send)
         replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        scope[BODY_BYTES_KEY] = size  # the pre-processing pool's lane (preprocess_pool.py)
 
         async def replaying_receive():
             return replay.pop() if replay else await receive()

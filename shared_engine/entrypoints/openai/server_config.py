@@ -25,7 +25,11 @@ class ServerConfig:
     `max_stop_string_len` (characters: the detokenizer holds back and searches that many per token),
     `max_stop_token_ids`, `max_prompts_per_request` (a completions prompt list; times `max_n` it is the
     default `max_waiting_requests`), `max_prompt_tokens_per_request` (prompt tokens summed over the
-    request's sequences: each prompt counts `n` times). HTTP framing: `max_header_bytes` (request line and
+    request's sequences: each prompt counts `n` times), `max_chat_messages` (OpenAI's 2,048) and
+`max_content_parts` (summed over the messages), both counted on the raw JSON before it is validated
+(body_precheck.py). Requests with more than `large_input_bytes` of input (body or prompts) are tokenised
+and templated in a lane of their own, at most `max_large_inputs` at a time (running or waiting; 503 past
+it: preprocess_pool.py). HTTP framing: `max_header_bytes` (request line and
     headers; 431 above it) and `max_headers` (431 above it). `health_timeout_s`: `/health` answers 503 when
     the engine has unfinished work and no step has completed for this long (a hung step).
     `cache_salt_from_api_key`: every request's `cache_salt` is derived from the bearer token it presents
@@ -51,6 +55,10 @@ class ServerConfig:
     max_stop_token_ids: int = 64
     max_prompts_per_request: int = 64
     max_prompt_tokens_per_request: int = 131072
+    max_chat_messages: int = 2048
+    max_content_parts: int = 2048
+    large_input_bytes: int = 64 * 1024
+    max_large_inputs: int = 4
     max_header_bytes: int = 32 * 1024
     max_headers: int = 100
     header_read_timeout_s: float = 10.0
@@ -69,6 +77,7 @@ class ServerConfig:
         check_range("port", self.port, 0, 65535)
         for name in ("max_request_body_bytes", "max_n", "max_stop_strings", "max_stop_string_len",
                      "max_stop_token_ids", "max_prompts_per_request", "max_prompt_tokens_per_request",
+                     "max_chat_messages", "max_content_parts", "large_input_bytes", "max_large_inputs",
                      "max_header_bytes", "max_headers", "max_connections"):
             check_range(name, getattr(self, name), 1)
         for name in ("health_timeout_s", "header_read_timeout_s", "body_read_timeout_s"):

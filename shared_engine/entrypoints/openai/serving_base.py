@@ -3,21 +3,21 @@ request ids, cache salts, tokenisation off the event loop, usage, and the stream
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import re
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from fastapi.responses import StreamingResponse
 
 from shared_engine.entrypoints.openai.async_engine import AsyncEngineBase
 from shared_engine.entrypoints.openai.errors import APIError, bad_request
+from shared_engine.entrypoints.openai.input_bounds import TokenBounds
 from shared_engine.entrypoints.openai.logprobs import TokenText
 from shared_engine.entrypoints.openai.metrics import ServerMetrics
+from shared_engine.entrypoints.openai.preprocess_pool import PreprocessPool
 from shared_engine.entrypoints.openai.protocol import PromptTokensDetails, SamplingFields, Usage
 from shared_engine.entrypoints.openai.request_limits import check_stop_limits
 from shared_engine.entrypoints.openai.server_config import ServerConfig
@@ -29,10 +29,10 @@ from shared_engine.sampling_params import SamplingParams, StructuredOutputsParam
 # SamplingParams' messages start with the field's name: the 400's `param`
 _FIELD = re.compile(r"^([a-z_]+)\b")
 
-# Tokenisation and chat templating run here, not on the event loop: a 7 MB prompt takes seconds to
+# Tokenisation and chat templating run in a pool, not on the event loop: a 7 MB prompt takes seconds to
 # tokenise, and /health, streams and other requests must not wait for it. Hugging Face fast tokenizers
-# release the GIL while encoding. Two workers: a huge prompt delays other prompts' tokenisation by at most
-# half the pool.
+# release the GIL while encoding. Two workers for small inputs; large ones have a lane of their own
+# (preprocess_pool.py).
 TOKENIZER_WORKERS = 2
 
 
@@ -49,11 +49,32 @@ class ServingContext:
         # the engine's EOS ids are not known here; the validation below does not depend on them
         self.grammar = GrammarBackend(self.tokenizer, vocab, ()) if self.tokenizer is not None else None
         self._salt_secret = (server_config.resolved_cache_salt_secret() or secrets.token_hex(32)).encode()
-        self._pool = ThreadPoolExecutor(TOKENIZER_WORKERS, thread_name_prefix="tokenizer")
+        self.pool = PreprocessPool(TOKENIZER_WORKERS, server_config.large_input_bytes, server_config.max_large_inputs)
+        self.bounds = TokenBounds.from_tokenizer(self.tokenizer)
 
-    async def off_loop(self, fn: Callable, *args):
-        """`fn(*args)` in the tokenizer pool, awaited (exceptions propagate)."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+    async def off_loop(self, fn: Callable, *args, size: int = 0):
+        """`fn(*args)` in the pre-processing pool's lane for `size` bytes of input, awaited (exceptions
+        propagate; 503 when the large lane is full)."""
+        return await self.pool.run(fn, *args, size=size)
+
+    async def encode(self, text: str, param: str = "prompt", add_special_tokens: bool = True,
+                     size: int | None = None) -> list[int]:
+        """`text`'s token ids, tokenised off the loop (in the lane for `size` bytes, default the text's
+        length). Raises `APIError` 400 (`param`) when the text surely exceeds the context (input_bounds.py),
+        before tokenising, or when the tokenizer rejects it."""
+        tokenizer = self.need_tokenizer()
+        self.bounds.check_context(text, self.max_model_len, param)
+
+        def job() -> list[int]:
+            self.bounds.check_context(text, self.max_model_len, param, full=True)
+            return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+        try:
+            return await self.off_loop(job, size=len(text) if size is None else size)
+        except APIError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever the tokenizer rejects is the client's input
+            raise bad_request(f"could not tokenize the prompt: {e}", param) from e
 
     @property
     def max_model_len(self) -> int:

@@ -9,6 +9,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from shared_engine.entrypoints.openai.body_precheck import BODY_BYTES_KEY
 from shared_engine.entrypoints.openai.chat_render import render_chat
 from shared_engine.entrypoints.openai.errors import APIError, bad_request, sse_error
 from shared_engine.entrypoints.openai.generation_run import ClientDisconnected, GenerationRun, Job
@@ -48,7 +49,8 @@ class ServingChat:
         params = ctx.sampling_params(req, max_tokens, logprobs=k, structured_outputs=structured)
         if req.prompt_logprobs is not None and req.stream:
             raise bad_request("prompt_logprobs is not supported with stream", "prompt_logprobs")
-        ids = await ctx.off_loop(render_chat, ctx.need_tokenizer(), req.messages, req.add_generation_prompt, tools)
+        ids = await ctx.off_loop(render_chat, ctx.need_tokenizer(), req.messages, req.add_generation_prompt, tools,
+                                 self._check_rendered, size=request.scope.get(BODY_BYTES_KEY, 0))
         check_prompt_tokens(ctx.server_config, [len(ids)], req.n, "messages")
         run = GenerationRun(ctx.async_engine, ctx.metrics, ctx.base_id("chatcmpl", req),
                             [Job(ids, params, cache_salt=ctx.cache_salt(req, request), lora_request=lora,
@@ -69,6 +71,10 @@ class ServingChat:
             body.prompt_logprobs = prompt_logprobs(ctx.token_text, out.prompt_token_ids, out.prompt_logprobs,
                                                    req.prompt_logprobs)
         return JSONResponse(body.model_dump(mode="json", exclude_none=False))
+
+    def _check_rendered(self, text: str) -> None:
+        """400 before tokenising a rendered chat that surely exceeds the context (input_bounds.py)."""
+        self.ctx.bounds.check_context(text, self.ctx.max_model_len, "messages", full=True)
 
     def _choice(self, c: CompletionOutput, req: ChatCompletionRequest, mode: str | None, k) -> ChatChoice:
         text, calls = visible_text(c), []

@@ -13,8 +13,10 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from shared_engine.engine.request_validator import context_overflow
 from shared_engine.entrypoints.openai.errors import APIError, bad_request, sse_error
 from shared_engine.entrypoints.openai.generation_run import ClientDisconnected, GenerationRun, Job
+from shared_engine.entrypoints.openai.input_bounds import EXACT_BELOW_BYTES
 from shared_engine.entrypoints.openai.logprobs import completion_logprobs, prompt_logprobs
 from shared_engine.entrypoints.openai.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from shared_engine.entrypoints.openai.request_limits import check_prompt_count, check_prompt_tokens
@@ -36,7 +38,7 @@ class ServingCompletions:
             raise bad_request("max_tokens must be at least 1 (0 is allowed only with echo)", "max_tokens")
         params = ctx.sampling_params(req, 1 if scoring else req.max_tokens, logprobs=req.logprobs,
                                      prompt_logprobs=req.logprobs if req.echo else None)
-        prompts = await self._prompts(req.prompt)
+        prompts = await self._prompts(req.prompt, req.n, params.max_tokens)
         check_prompt_tokens(ctx.server_config, [len(ids) for _, ids in prompts], req.n, "prompt")
         salt = ctx.cache_salt(req, request)
         session = ctx.session_id(req, request)
@@ -70,28 +72,40 @@ class ServingCompletions:
         if req.prompt_logprobs is not None and req.stream:
             raise bad_request("prompt_logprobs is not supported with stream", "prompt_logprobs")
 
-    async def _prompts(self, prompt) -> list[tuple[str | None, list[int]]]:
-        """(text or None, token ids) per prompt; the count is checked before anything is tokenised, and
-        text is tokenised off the event loop."""
+    async def _prompts(self, prompt, n: int, max_tokens: int | None) -> list[tuple[str | None, list[int]]]:
+        """(text or None, token ids) per prompt. Counts and size bounds are checked before anything is
+        tokenised, each text is tokenised off the event loop, and a list stops at the first prompt over the
+        context (the rest are not tokenised)."""
+        ctx = self.ctx
         if isinstance(prompt, str):
-            return [(prompt, await self._encode(prompt))]
+            return [(prompt, await ctx.encode(prompt) if prompt else [])]
         if not prompt:
             raise bad_request("prompt must not be empty", "prompt")
         if isinstance(prompt[0], int):
             return [(None, list(prompt))]
-        check_prompt_count(self.ctx.server_config, len(prompt))
-        if isinstance(prompt[0], str):
-            return [(p, await self._encode(p)) for p in prompt]
-        return [(None, list(p)) for p in prompt]
+        check_prompt_count(ctx.server_config, len(prompt))
+        if not isinstance(prompt[0], str):
+            return [(None, list(p)) for p in prompt]
+        self._check_budget(prompt, n)
+        out = []
+        for text in prompt:
+            ids = await ctx.encode(text, size=sum(map(len, prompt))) if text else []
+            message = context_overflow(len(ids), max_tokens, ctx.max_model_len)
+            if message is not None:
+                raise bad_request(message, "prompt")
+            out.append((text, ids))
+        return out
 
-    async def _encode(self, text: str) -> list[int]:
-        tokenizer = self.ctx.need_tokenizer()
-        if not text:
-            return []
-        try:
-            return await self.ctx.off_loop(tokenizer.encode, text)
-        except Exception as e:  # noqa: BLE001 - whatever the tokenizer rejects is the client's input
-            raise bad_request(f"could not tokenize the prompt: {e}", "prompt") from e
+    def _check_budget(self, texts: list[str], n: int) -> None:
+        """400 when long prompts surely exceed `max_prompt_tokens_per_request` (input_bounds.py), before
+        any is tokenised (shorter ones are counted exactly after tokenising)."""
+        if sum(map(len, texts)) < EXACT_BELOW_BYTES:
+            return
+        budget = self.ctx.server_config.max_prompt_tokens_per_request
+        least = sum(self.ctx.bounds.lower_bound(t)[0] for t in texts)
+        if least * n > budget:
+            raise bad_request(f"prompt: the request's prompts have at least {least} tokens in all (x n={n}: "
+                              f"{least * n}), more than the {budget} allowed per request", "prompt")
 
     def _prompt_text(self, prompt: tuple[str | None, list[int]]) -> str:
         text, ids = prompt
