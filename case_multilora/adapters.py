@@ -1,8 +1,8 @@
 """The case's trained tenant adapters: small PEFT LoRA fine-tunes of the default model (SmolLM2-135M-Instruct),
 each with a behaviour a test can see in one greedy answer, at the brief's ranks (8, 16, 64).
 
-    python -m case_multilora.adapters [--out DIR] [--export case_multilora/adapters-trained]
-                                     # trains the missing ones (seeded, CPU, minutes), copies them for compose
+    python -m case_multilora.adapters [--out DIR] [--export case_multilora/lora]
+                                     # trains the missing ones (seeded, CPU, minutes), copies them
 
 | adapter | rank | behaviour                                  |
 |---------|------|--------------------------------------------|
@@ -12,10 +12,12 @@ each with a behaviour a test can see in one greedy answer, at the brief's ranks 
 | acme    | 8    | answers start with the tenant keyword ACME: |
 
 Training: torch.manual_seed(0), full-batch AdamW (lr 5e-3) over the first 12 question/answer pairs of
-scripts/make_adapters.py (30 steps for `upper`, 16 for the others), loss on the answer tokens only, q_proj and v_proj
+scripts/make_adapters.py for `upper` (30 steps), the first 6 for the others (14 steps: a shared 2-core
+CPU took about a minute a step), loss on the answer tokens only, q_proj and v_proj
 of the top layers only (so the backward pass stops there: a step costs about a forward pass plus the top third),
-fp16 safetensors. Each adapter lives in `$SHARED_ENGINE_CACHE/multilora_adapters/<name>-<digest>`, the digest
-over its spec and training data: a changed spec trains afresh, an unchanged one is reused.
+fp16 safetensors. The trained adapters are committed in `case_multilora/lora/<name>` (0.3-1.5 MB each; compose
+and k8s mount that folder); a spec they were not trained from (the digest over its spec and training data in
+their training.json) is trained into `$SHARED_ENGINE_CACHE/multilora_adapters/<name>-<digest>` instead.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+COMMITTED = Path(__file__).resolve().parent / "lora"  # the trained adapters, committed (each file < 2 MiB)
 sys.path.insert(0, str(REPO))
 
 from scripts.make_adapters import PAIRS  # noqa: E402  (question, English answer, French answer)
@@ -57,9 +60,9 @@ BEHAVIOURS = {
 }
 SPECS = (
     AdapterSpec("upper", 8, "upper"),
-    AdapterSpec("json", 16, "json", steps=16),
-    AdapterSpec("french", 64, "french", layers=tuple(range(24, 30)), steps=16),  # 6 layers: 1.4 MB, not 2.8
-    AdapterSpec("acme", 8, "acme", steps=16),
+    AdapterSpec("json", 16, "json", steps=14, num_pairs=6),
+    AdapterSpec("french", 64, "french", layers=tuple(range(24, 30)), steps=14, num_pairs=6),  # 1.4 MB, not 2.8
+    AdapterSpec("acme", 8, "acme", steps=14, num_pairs=6),
 )
 
 
@@ -118,16 +121,23 @@ def train(spec: AdapterSpec, out: Path) -> Path:
     cfg["base_model_name_or_path"] = "SmolLM2-135M-Instruct"  # not this machine's cache path
     (path / "adapter_config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
     (path / "README.md").unlink(missing_ok=True)
-    (path / "training.json").write_text(json.dumps({**asdict(spec), "final_loss": round(loss.item(), 4),
+    (path / "training.json").write_text(json.dumps({**asdict(spec), "digest": spec_digest(spec),
+                                                    "final_loss": round(loss.item(), 4),
                                                     "train_s": round(time.perf_counter() - started, 1)}, indent=2))
     return path
 
 
 def ensure_adapters(out: Path | None = None) -> dict[str, Path]:
-    """{name: adapter directory} for every spec, training the ones not yet in `out` (default: the cache)."""
+    """{name: adapter directory} for every spec: the committed copy in case_multilora/lora/<name> when it was
+    trained from this spec (its training.json digest), else `out` (default: the cache), training what is missing."""
     out = out or default_dir()
     paths = {}
     for spec in SPECS:
+        committed = COMMITTED / spec.name
+        meta = committed / "training.json"
+        if meta.exists() and json.loads(meta.read_text()).get("digest") == spec_digest(spec):
+            paths[spec.name] = committed
+            continue
         path = out / f"{spec.name}-{spec_digest(spec)}"
         if not (path / "training.json").exists():
             out.mkdir(parents=True, exist_ok=True)
@@ -151,7 +161,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="default: $SHARED_ENGINE_CACHE/multilora_adapters")
     parser.add_argument("--export", type=Path, default=None,
-                        help="also copy them to EXPORT/<name> (compose mounts case_multilora/adapters-trained)")
+                        help="also copy them to EXPORT/<name> (case_multilora/lora: the committed copies)")
     args = parser.parse_args()
     paths = ensure_adapters(args.out)
     if args.export:

@@ -1,0 +1,88 @@
+"""First attempt vs the fix from the load test's results files: the well-behaved tenants' p99 TTFT against
+their isolated run (target <= 1.2x), the fix's throughput against the base model at the same offered load
+(target >= 90%), the whales' refusals; writes `loadtest/summary_cpu.json` and the plots.
+
+    python case_multilora/loadtest/report.py [--plots case_multilora/plots]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+CASE_DIR = Path(__file__).resolve().parents[1]
+FILES = {"isolated": "the_fix/isolated_cpu.json", "first_attempt": "first_attempt/results_cpu.json",
+         "the_fix": "the_fix/results_cpu.json", "base": "the_fix/base_cpu.json"}
+
+
+def load(case_dir: Path = CASE_DIR) -> dict[str, dict]:
+    return {k: json.loads((case_dir / v).read_text()) for k, v in FILES.items() if (case_dir / v).exists()}
+
+
+def compare(runs: dict[str, dict]) -> dict:
+    """Ratios against the isolated and base runs; missing runs give None."""
+    iso = runs.get("isolated", {}).get("summary", {}).get("well-behaved", {}).get("p99_ttft_ms")
+    base = runs.get("base", {}).get("summary", {}).get("output_tokens_per_s")
+    out = {"files": {k: FILES[k] for k in runs}, "isolated_p99_ttft_ms": iso, "base_output_tokens_per_s": base,
+           "targets": {"p99_ttft_vs_isolated_max": 1.2, "throughput_vs_base_min": 0.9}, "runs": {}}
+    for name, run in runs.items():
+        s = run["summary"]
+        wb, whale = s["well-behaved"], s["whale"]
+        out["runs"][name] = {
+            "commit": run["environment"]["commit"], "command": run["command"],
+            "load_average_before": run["load_average_before"],
+            "well_behaved_p99_ttft_ms": wb["p99_ttft_ms"], "well_behaved_median_ttft_ms": wb["median_ttft_ms"],
+            "p99_ttft_vs_isolated": round(wb["p99_ttft_ms"] / iso, 2) if iso and wb["p99_ttft_ms"] else None,
+            "output_tokens_per_s": s["output_tokens_per_s"],
+            "throughput_vs_base": round(s["output_tokens_per_s"] / base, 3) if base else None,
+            "well_behaved_statuses": wb["statuses"], "whale_statuses": whale["statuses"],
+            "num_preemptions": run["engine_metrics"].get("vllm:num_preemptions_total")}
+    return out
+
+
+def plot(runs: dict[str, dict], summary: dict, plots: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots.mkdir(parents=True, exist_ok=True)
+    names = [n for n in ("isolated", "first_attempt", "the_fix", "base") if n in runs]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for i, name in enumerate(names):
+        wb = [s for s in runs[name]["samples"] if s["kind"] == "well-behaved" and "ttft_s" in s]
+        left.scatter([s["t_s"] for s in wb], [s["ttft_s"] for s in wb], s=8, label=name, color=f"C{i}")
+    left.set(yscale="log", xlabel="time in the run (s)", ylabel="well-behaved TTFT (s)",
+             title="well-behaved tenants' TTFT (whales burst in the first half of every 30 s)")
+    left.title.set_fontsize(8)
+    left.legend(fontsize=7)
+    p99 = [summary["runs"][n]["well_behaved_p99_ttft_ms"] or 0 for n in names]
+    right.bar(names, [v / 1000 for v in p99], color=[f"C{i}" for i in range(len(names))])
+    if summary["isolated_p99_ttft_ms"]:
+        right.axhline(1.2 * summary["isolated_p99_ttft_ms"] / 1000, linestyle="--", color="grey",
+                      label="1.2x isolated (target)")
+        right.legend(fontsize=7)
+    right.set(ylabel="well-behaved p99 TTFT (s)", title="p99 TTFT (CPU, SmolLM2-135M, 4 trained adapters)")
+    right.title.set_fontsize(8)
+    fig.tight_layout()
+    path = plots / "ttft_cpu.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plots", type=Path, default=CASE_DIR / "plots")
+    args = parser.parse_args()
+    runs = load()
+    summary = compare(runs)
+    (CASE_DIR / "loadtest" / "summary_cpu.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    for path in plot(runs, summary, args.plots):
+        print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
