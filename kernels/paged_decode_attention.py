@@ -2,7 +2,9 @@
 
 Split-K "flash-decoding": each program handles one (sequence, kv head, split) and all the query heads
 that share that kv head (GQA), so every K/V byte is read from memory once. With more than one split, a
-second kernel merges the per-split partial outputs through their log-sum-exp. The grid depends only on
+second kernel merges the per-split partial outputs through their log-sum-exp, one program per (sequence,
+query head, 32 of head_dim). At small batch and long context (batch 1-4 x 8 kv heads at 16k-128k tokens on
+132 SMs) the heuristic splits into about 8 programs per SM (`choose_num_splits`). The grid depends only on
 shapes and python ints, so the launcher is safe to capture in a CUDA graph.
 """
 
@@ -138,45 +140,79 @@ def _decode_split_kernel(
 @serving_jit(ints=("num_splits",))
 def _decode_reduce_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride_os, stride_oh,
-    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_TILE: tl.constexpr,
 ):  # fmt: skip
+    """One program per (sequence, query head, BLOCK_D slice of head_dim): at batch 1 with 32 query heads and
+    head_dim 128 that is 128 programs, most of the 132 SMs, where one program per head used 32. The splits
+    are read SPLITS_TILE at a time (a runtime loop: any split count, one compile)."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     row0 = (seq * tl.num_programs(1) + head) * num_splits
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
-    s_mask = offs_s < num_splits
-    lse = tl.load(part_lse_ptr + row0 + offs_s, mask=s_mask, other=float("-inf"))  # log2 domain
-    m = tl.max(lse, 0)
+    offs_s = tl.arange(0, SPLITS_TILE)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m = tl.max(tl.full([SPLITS_TILE], float("-inf"), dtype=tl.float32), 0)
+    for s0 in range(0, num_splits, SPLITS_TILE):  # pass 1: the largest partial log-sum-exp (log2 domain)
+        lse = tl.load(part_lse_ptr + row0 + s0 + offs_s, mask=s0 + offs_s < num_splits, other=float("-inf"))
+        m = tl.maximum(m, tl.max(lse, 0))
     m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)  # [SPLITS_PAD], 0 for empty splits
-    part = tl.load(
-        part_out_ptr + (row0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None], other=0.0
-    )
-    total = tl.sum(w, 0)
-    out = tl.sum(part * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    total = tl.sum(tl.zeros([SPLITS_TILE], dtype=tl.float32), 0)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, num_splits, SPLITS_TILE):  # pass 2: partial outputs weighted by exp2(lse - m)
+        s_mask = s0 + offs_s < num_splits
+        lse = tl.load(part_lse_ptr + row0 + s0 + offs_s, mask=s_mask, other=float("-inf"))
+        w = tl.exp2(lse - m)  # [SPLITS_TILE], 0 for empty splits
+        part = tl.load(part_out_ptr + (row0 + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                       mask=s_mask[:, None], other=0.0)
+        acc += tl.sum(part * w[:, None], 0)
+        total += tl.sum(w, 0)
+    out = acc / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
-# The heuristic's largest split count. The reduce kernel is always compiled for this many splits (masked),
-# so a step whose batch or context length picks a new split count does not trigger a Triton compile in the
-# middle of serving (each compile stalls the engine for about a second).
-MAX_SPLITS = 64
+def reduce_splits(
+    part_out: torch.Tensor,  # [num_seqs, num_q_heads, num_splits, head_dim] fp32
+    part_lse: torch.Tensor,  # [num_seqs, num_q_heads, num_splits] fp32, log2 domain (-inf: empty split)
+    out: torch.Tensor,  # [num_seqs, num_q_heads, head_dim], rows strided, head_dim contiguous
+    num_splits: int,
+) -> None:
+    """Merge per-split partial outputs into `out` (the second kernel of split-K decode attention)."""
+    num_seqs, num_q_heads, head_dim = out.shape
+    block_d = min(head_dim, 32)
+    _decode_reduce_kernel[(num_seqs, num_q_heads, head_dim // block_d)](
+        part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS_TILE=64, num_warps=4,
+    )  # fmt: skip
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int = 132) -> int:
-    """Splits per sequence: about two programs per SM, each split >= 128 tokens (two BLOCK_N tiles; at
-    batch 1 on the H200 one unsplit program per kv head left decode attention latency-bound).
+# The heuristic's largest split count (a 128k-token context at batch 1 on 132 SMs asks for 132).
+MAX_SPLITS = 256
+# Below one program per SM (batch * kv heads < SMs: batch 1-16 with 8 kv heads), split until about this many
+# programs per SM: the shared memory of 3 pipeline stages of K and V tiles keeps about two resident per SM,
+# so the rest queue behind them and every SM stays busy to the end instead of a few long programs bounding
+# the kernel (32 splits at batch 1, 16k tokens, read KV at 31% of copy bandwidth, KERNEL_NOTES.md run 2).
+SMALL_BATCH_PROGRAMS_PER_SM = 8
+MIN_SPLIT_TOKENS = 128  # two BLOCK_N tiles
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int = 132,
+                      small_batch_programs_per_sm: int = SMALL_BATCH_PROGRAMS_PER_SM,
+                      max_splits: int = MAX_SPLITS) -> int:
+    """Splits per sequence, each >= MIN_SPLIT_TOKENS: about two programs per SM when seqs * kv_heads fills
+    the SMs, else about SMALL_BATCH_PROGRAMS_PER_SM (batch 1 x 8 kv heads on the H200: 128 splits at 16k
+    tokens, 132 at 32k-128k; batch 4: 33).
 
     On the H200 (132 SMs), batch 64 x 8 kv heads ran fastest unsplit at 1k-16k tokens (see
     benchmarks/KERNEL_NOTES.md); splits pay when seqs * kv_heads is small next to the SM count.
 
-    Depends only on python ints, so a CUDA graph captured for a batch shape stays valid.
+    Depends only on python ints, so a CUDA graph captured for a batch shape stays valid (graphs pass
+    max_model_len: a shorter context leaves the trailing splits empty, which cost a store each). Cascade
+    decode (shared_prefix_decode_attention.py) keeps two per SM and at most 64 for its suffix splits.
     """
     programs = max(1, num_seqs * num_kv_heads)
-    wanted = math.ceil(2 * num_sms / programs)
-    by_length = max(1, max_context_len // 128)
-    return int(max(1, min(wanted, by_length, MAX_SPLITS)))
+    per_sm = 2 if programs >= num_sms else small_batch_programs_per_sm
+    wanted = math.ceil(per_sm * num_sms / programs)
+    by_length = max(1, max_context_len // MIN_SPLIT_TOKENS)
+    return int(max(1, min(wanted, by_length, max_splits)))
 
 
 def paged_decode_attention(
@@ -245,8 +281,5 @@ def paged_decode_attention(
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if not direct:
-        _decode_reduce_kernel[(num_seqs, num_q_heads)](
-            part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, SPLITS_PAD=max(MAX_SPLITS, triton.next_power_of_2(num_splits)), num_warps=4,
-        )  # fmt: skip
+        reduce_splits(part_out, part_lse, out, num_splits)
     return out

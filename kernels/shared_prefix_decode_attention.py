@@ -34,12 +34,13 @@ from kernels._checks import (
 )
 from kernels._jit import serving_jit
 from kernels.paged_decode_attention import (
-    MAX_SPLITS,
-    _decode_reduce_kernel,
     attend_paged_kv,
     choose_num_splits,
     paged_decode_attention_ref,
+    reduce_splits,
 )
+
+MAX_TOTAL_SPLITS = 64  # prefix + suffix splits per row (cascade batches are large: few splits pay)
 
 
 def shared_prefix_decode_attention_ref(
@@ -170,13 +171,13 @@ def choose_num_prefix_splits(
     num_m_tiles: int, num_kv_heads: int, max_prefix_len: int, num_suffix_splits: int, num_sms: int = 132
 ) -> int:
     """Prefix splits: about two programs per SM over (M tile, kv head, split), each split >= 128 tokens of
-    `max_prefix_len`, and prefix + suffix splits within MAX_SPLITS (the reduce kernel's compiled width).
+    `max_prefix_len`, and prefix + suffix splits within MAX_TOTAL_SPLITS (bounds the partial buffers).
 
     A guess from the decode heuristic, not yet timed on a GPU. Depends only on python ints."""
     programs = max(1, num_m_tiles * num_kv_heads)
     wanted = math.ceil(2 * num_sms / programs)
     by_length = max(1, max_prefix_len // 128)
-    return int(max(1, min(wanted, by_length, MAX_SPLITS - num_suffix_splits)))
+    return int(max(1, min(wanted, by_length, MAX_TOTAL_SPLITS - num_suffix_splits)))
 
 
 def _check_prefix_args(prefix_blocks, prefix_len, max_prefix_len, block_size, device) -> None:
@@ -264,7 +265,8 @@ def shared_prefix_decode_attention(
     if max_context_len is None:
         max_context_len = block_tables.shape[1] * block_size
     if num_suffix_splits is None:
-        num_suffix_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, num_sms)
+        num_suffix_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, num_sms,
+                                              small_batch_programs_per_sm=2, max_splits=MAX_TOTAL_SPLITS)
     if num_prefix_splits is None:
         num_prefix_splits = choose_num_prefix_splits(
             num_m_tiles, num_kv_heads, max_prefix_len, num_suffix_splits, num_sms
@@ -289,8 +291,5 @@ def shared_prefix_decode_attention(
         QUERIES_PER_KV=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    _decode_reduce_kernel[(num_seqs, num_q_heads)](
-        part_out, part_lse, out, total, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, SPLITS_PAD=max(MAX_SPLITS, triton.next_power_of_2(total)), num_warps=4,
-    )  # fmt: skip
+    reduce_splits(part_out, part_lse, out, total)
     return out

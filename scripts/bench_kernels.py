@@ -1,6 +1,7 @@
 """Time the Triton kernels on a CUDA GPU against torch, with bytes-moved bandwidth; write a JSON file.
 
-Usage: python scripts/bench_kernels.py --out results.json [--sweep] [--commit SHA]
+Usage: python scripts/bench_kernels.py --out results.json [--sweep] [--decode-long] [--commit SHA]
+(`--decode-long`: also batch 1-4 decode at 16k-128k tokens in CUDA graphs, `bench_decode_long.py`, ~30 s more.)
 
 Ceilings measured in the same run: device-to-device copy bandwidth (bytes read + written) and a bf16
 8192^3 matrix product. Decode attention (batch 64, 32 q / 8 kv heads, head_dim 128, bf16, block size 16,
@@ -26,6 +27,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_decode_long import bench_decode_long  # noqa: E402
 from bench_prefill_attention import bench_prefill  # noqa: E402
 from kernel_bench_common import (  # noqa: E402
     BF16,
@@ -212,6 +214,7 @@ def main() -> None:
     ap.add_argument(
         "--sweep", action="store_true", help="also time decode and prefill variants (block sizes, warps, stages)"
     )
+    ap.add_argument("--decode-long", action="store_true", help="also time batch 1-4 decode at 16k-128k tokens")
     ap.add_argument("--sweep-prefill", action="store_true", help="time the prefill variants only (not decode's)")
     ap.add_argument("--commit", default=None, help="git commit (default: git rev-parse HEAD)")
     args = ap.parse_args()
@@ -236,6 +239,8 @@ def main() -> None:
         torch.cuda.empty_cache()
         print(f"decode {ctx}: {json.dumps({k: v for k, v in results['decode'][-1].items() if k != 'sweep'})}")
     results["decode_small_batch"] = bench_decode_small_batch(copy_gbs, gen)
+    if args.decode_long:
+        results["decode_long"] = bench_decode_long(copy_gbs, gen)
     results["shared_prefix_decode"] = bench_shared_prefix_decode(copy_gbs, gen)
     print(f"shared-prefix decode: {json.dumps(results['shared_prefix_decode'])}", flush=True)
     results["prefill"] = bench_prefill(

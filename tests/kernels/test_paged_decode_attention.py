@@ -3,6 +3,7 @@ import torch
 from _util import assert_rel_close, make_paged_kv, poisoned, rel_tol
 
 from kernels.paged_decode_attention import (
+    MAX_SPLITS,
     choose_num_splits,
     paged_decode_attention,
     paged_decode_attention_ref,
@@ -16,6 +17,8 @@ CASES = [
     ([47, 96, 2], 9, 3, 64, 16, 4),  # GQA 3 (SmolLM2), one split shorter than the others
     ([129, 31], 4, 1, 32, 32, 1),  # MQA, head_dim 32
     ([3], 2, 2, 16, 16, 8),  # more splits than tokens: empty splits must not produce NaN
+    ([700, 1], 8, 2, 64, 16, 130),  # more splits than one reduce tile (64): most of them empty
+    ([1000], 4, 1, 128, 16, 200),  # 200 splits of 64 tokens over 4 reduce tiles (16 non-empty)
 ]
 
 
@@ -44,6 +47,29 @@ def test_choose_num_splits_depends_on_ints_only():
     assert choose_num_splits(64, 8, 16384) >= 1
     assert choose_num_splits(1, 8, 16384) > choose_num_splits(1, 8, 1024)
     assert choose_num_splits(1, 8, 100) == 1
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 4])
+@pytest.mark.parametrize("context", [16384, 32768, 65536, 131072])
+def test_small_batch_long_context_fills_the_sms(batch, context):
+    """Batch 1-4 x 8 kv heads at 16k-128k tokens on 132 SMs: about 8 programs per SM (>= 7.7), splits of
+    >= 128 tokens; a batch that already fills the SMs keeps about two (batch 64 at 16k: unsplit)."""
+    splits = choose_num_splits(batch, 8, context, 132)
+    assert batch * 8 * splits >= 1016 and context // splits >= 128 and splits <= MAX_SPLITS
+    assert choose_num_splits(1, 8, 16384, 132) == 128 and choose_num_splits(1, 8, 131072, 132) == 132
+    assert choose_num_splits(64, 8, 16384, 132) == 1 and choose_num_splits(32, 8, 16384, 132) == 2
+
+
+def test_heuristic_splits_at_long_context_match_reference(device):
+    """The launcher's own split count (max_context_len as a CUDA graph passes it: longer than the contexts)."""
+    gen = torch.Generator().manual_seed(11)
+    k_cache, v_cache, bt, lens = make_paged_kv([4096, 2999], 2, 64, 16, torch.float32, device, gen=gen)
+    q = torch.randn(2, 8, 64, generator=gen).to(device)
+    assert choose_num_splits(2, 2, 8192, 132) == 64
+    out = poisoned(q.shape, q.dtype, device)
+    paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.125, out=out, max_context_len=8192)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens, 0.125)
+    assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
 
 
 def test_decode_rejects_bad_inputs(device):
