@@ -48,10 +48,12 @@ class CacheConfig:
         check_range("session_pin_ttl", self.session_pin_ttl, 0.0, 86400.0)
         check_range("max_pinned_blocks", self.max_pinned_blocks, 0, allow_none=True)
         check_range("kv_offload_size", self.kv_offload_size, 0.0, 4096.0)
+        if self.kv_offload_size > 0 and not self.enable_prefix_caching:
+            raise ValueError("kv_offload_size needs enable_prefix_caching (the host tier keeps prefix-cache blocks)")
 
     def num_host_blocks(self, bytes_per_block: int) -> int:
         """Blocks in the KV offload tier: `kv_offload_size` GiB over one block's bytes (the busiest rank's);
-        0 when offload or prefix caching is off (the tier holds prefix-cache blocks)."""
-        if self.kv_offload_size <= 0 or not self.enable_prefix_caching:
+        0 when offload is off."""
+        if self.kv_offload_size <= 0:
             return 0
         return int(self.kv_offload_size * 1024**3) // bytes_per_block

@@ -34,7 +34,9 @@ class KVOffloader:
         self.device = first.device
         block_shape = (len(kv_caches), 2, *first.shape[2:])  # [num_layers, 2, block_size, heads, head_dim]
         cuda = self.device.type == "cuda"
-        self.host = torch.zeros((num_host_blocks, *block_shape), dtype=first.dtype, pin_memory=cuda)
+        # empty, not zeros: a slot is read only after an offload wrote it, and touching tens of GiB of pinned
+        # pages at start-up costs seconds
+        self.host = torch.empty((num_host_blocks, *block_shape), dtype=first.dtype, pin_memory=cuda)
         self.chunk = max(1, min(num_host_blocks, STAGING_BYTES // self.block_bytes(block_shape, first.dtype)))
         self.staging = torch.empty((self.chunk, *block_shape), dtype=first.dtype, device=self.device)
         self.stream = torch.cuda.Stream(self.device) if cuda else None

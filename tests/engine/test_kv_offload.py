@@ -1,7 +1,11 @@
 """KV offload through the engine (`kv_offload_size`; default model, greedy, a 24-block pool that the flood
 below overflows): a session's evicted prefix blocks come back from the host tier bit-identical (the KV tensors
 compared), the turn's output equals recomputation (the same run with offload off), `cached_tokens` counts the
-restored tokens, and the counters reach the engine snapshot (`/metrics`)."""
+restored tokens, and the counters reach the engine snapshot (`/metrics`).
+
+On CUDA (bf16, CUDA graphs, async scheduling, the side-stream copies) the reference keeps the prefix on the GPU
+instead (a pool the flood does not overflow): recomputing a whole prompt in bf16 is not bit-equal to a prefix
+hit's shorter step, while a GPU hit and a host-tier hit compute the same step on the same bytes."""
 
 from __future__ import annotations
 
@@ -16,9 +20,13 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 POOL = dict(num_gpu_blocks_override=24, max_model_len=384, max_num_seqs=4)
 
 
+CUDA = torch.cuda.is_available()
+
+
 @pytest.fixture(scope="module")
 def pair():
-    return LLM(kv_offload_size=0.05, **POOL), LLM(**POOL)
+    reference = dict(POOL, num_gpu_blocks_override=400) if CUDA else POOL
+    return LLM(kv_offload_size=0.05, **POOL), LLM(**reference)
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +66,12 @@ def test_offloaded_blocks_come_back_bit_identical_and_outputs_equal_recomputatio
     kv, after_flood, out, first = run_turns(on, prompts)
     ref_kv, ref_after_flood, ref_out, _ = run_turns(off, prompts)
     assert len(first) >= 5
-    # the flood evicted the whole prefix from the GPU in both engines; only the offload engine kept it
-    assert len(after_flood) == len(ref_after_flood) == 0
-    assert len(after_flood.host_hashes) == len(first) and ref_after_flood.host_hashes == []
+    # the flood evicted the whole prefix from the GPU (in both engines on the CPU); only offload kept it
+    assert len(after_flood) == 0 and len(after_flood.host_hashes) == len(first)
+    assert ref_after_flood.host_hashes == [] and len(ref_after_flood) == (len(first) if CUDA else 0)
     assert out.outputs[0].token_ids == ref_out.outputs[0].token_ids  # restored == recomputed (greedy)
-    assert out.num_cached_tokens == 16 * len(first) and ref_out.num_cached_tokens == 0
+    assert out.num_cached_tokens == 16 * len(first)
+    assert ref_out.num_cached_tokens == (16 * len(first) if CUDA else 0)
     restored = probe(on, prompts[0])
     assert len(restored) == len(first)
     for before, now in zip(kv, kv_of(on, restored)):

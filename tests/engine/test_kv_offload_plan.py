@@ -146,6 +146,8 @@ def test_flag_yaml_and_validation(tmp_path):
     assert engine.cache.kv_offload_size == 0.5
     engine, _ = build_configs(parser.parse_args(["--kv-offload-size", "2"]))
     assert engine.cache.num_host_blocks(2 * 1024**2) == 1024  # 2 GiB of 2 MiB blocks (llama-3.1-8b, bf16)
-    assert CacheConfig(kv_offload_size=2, enable_prefix_caching=False).num_host_blocks(1024) == 0
+    assert CacheConfig().num_host_blocks(1024) == 0  # off by default
     with pytest.raises(ValueError, match="kv_offload_size must be >= 0.0 and <= 4096.0"):
         CacheConfig(kv_offload_size=-1)
+    with pytest.raises(ValueError, match="kv_offload_size needs enable_prefix_caching"):
+        CacheConfig(kv_offload_size=2, enable_prefix_caching=False)
