@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +75,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="path of the JSON results file")
     args = ap.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = os.environ.get("GIT_COMMIT") or subprocess.run(  # the device copy has no .git
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     gen = torch.Generator(device=DEV).manual_seed(0)
     torch.manual_seed(0)
     ceilings = measure_ceilings()

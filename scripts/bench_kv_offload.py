@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,7 +60,8 @@ def main() -> None:
                        "restore_GBps": MOVED * block_bytes / t_res / 1e9})
         print(json.dumps(rounds[-1]), flush=True)
     identical = all(torch.equal(b, torch.stack([c[:, d] for c in caches])) for b, d in zip(before, dst[:64]))
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = os.environ.get("GIT_COMMIT") or subprocess.run(  # the device copy has no .git
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     results = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "commit": commit or "unknown",
                "command": "python scripts/bench_kv_offload.py --out " + args.out,
                "shapes": {"layers": LAYERS, "kv_heads": HEADS, "head_dim": HEAD_DIM, "block_size": BS,

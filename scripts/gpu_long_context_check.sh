@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 21 on one CUDA machine (decode at small batch / long context, KV offload), results to OUTDIR:
+#   1. decode attention kernel tests on CUDA (real shapes in bf16, CUDA graph replay; the split heuristic);
+#   2. scripts/bench_decode_long.py: batch 1/2/4 x 16k-128k in CUDA graphs, current vs previous splits,
+#      % of copy bandwidth (target >= 70%);
+#   3. scripts/bench_kv_offload.py: 2,048 llama-3.1-8b blocks (4 GiB) GPU -> pinned host -> GPU through the
+#      offloader's side stream, GB/s each way (the capacity model assumes 50), bit-identical check;
+#   4. tests/engine/test_kv_offload.py on CUDA (bf16, CUDA graphs, async scheduling): restored KV bit-identical,
+#      greedy output equal to a GPU prefix hit, counters.
+# Each step has its own time limit. Estimate on one H200, cold Triton cache: ~30 + ~30 + ~30 + ~70 s.
+#   GIT_COMMIT=<sha> scripts/gpu_long_context_check.sh OUTDIR      (the device copy has no .git)
+set -uo pipefail
+OUT=${1:?usage: gpu_long_context_check.sh OUTDIR}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$(pwd):${PYTHONPATH:-}"
+PY=${PYTHON:-python3}
+COMMIT=${GIT_COMMIT:-unknown}
+export GIT_COMMIT=$COMMIT
+step() { echo "== $1 ($(date +%T))"; }
+started=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/nvidia_smi.txt"
+
+step "decode attention kernel tests (CUDA)"
+timeout 90 $PY -m pytest tests/kernels/test_paged_decode_attention.py -q -p no:cacheprovider -rs 2>&1 | tail -8 \
+  | tee "$OUT/decode_kernel_tests_${COMMIT}.log"
+
+step "decode at small batch, long context (CUDA graphs)"
+timeout 90 $PY scripts/bench_decode_long.py --out "$OUT/decode_long_h200_${COMMIT}.json" 2>&1 | tail -16 \
+  | tee "$OUT/bench_decode_long_${COMMIT}.log"
+
+step "KV offload copies (llama-3.1-8b blocks, pinned host)"
+timeout 90 $PY scripts/bench_kv_offload.py --out "$OUT/kv_offload_h200_${COMMIT}.json" 2>&1 | tail -6 \
+  | tee "$OUT/bench_kv_offload_${COMMIT}.log"
+
+step "KV offload through the engine (CUDA)"
+timeout 150 $PY -m pytest tests/engine/test_kv_offload.py -q -p no:cacheprovider -rs 2>&1 | tail -8 \
+  | tee "$OUT/kv_offload_tests_${COMMIT}.log"
+echo "== done in $(( $(date +%s) - started )) s"
