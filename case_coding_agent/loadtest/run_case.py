@@ -1,0 +1,145 @@
+"""The case benchmark: the session trace replayed through nginx over two engine replicas, first attempt vs the
+fix, one results file per variant and profile.
+
+    # this CPU, scaled down (SmolLM2-135M, sessions up to ~1.8k tokens): two servers, an nginx on loopback
+    python -m case_coding_agent.loadtest.run_case --profile cpu --variant first_attempt
+    python -m case_coding_agent.loadtest.run_case --profile cpu --variant the_fix
+    # servers (or an nginx) already running: --base-url http://127.0.0.1:8000 (no servers started)
+
+Results: `<variant>/results_<profile>.json`: the command, commit, hardware and the machine's load (load
+averages before and after, CPU count), each replica's server command and config, the trace, every turn
+(send, first token, chunk times, prompt and cached tokens, replica) and the summary (`summary.py`), with each
+replica's engine counters over the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import httpx
+import yaml
+
+from case_coding_agent.loadtest.engine_metrics import delta, scrape
+from case_coding_agent.loadtest.make_trace import TRACES
+from case_coding_agent.loadtest.replay import replay
+from case_coding_agent.loadtest.session_gen import CASE_DIR, WORKLOAD_FILE
+from case_coding_agent.loadtest.summary import summarize
+from case_coding_agent.loadtest.trace import read_trace
+from case_coding_agent.router import nginx_conf
+
+sys.path.insert(0, str(CASE_DIR.parent / "case_rag_chatbot" / "loadtest"))  # the generic EngineServer
+from engine_server import EngineServer, free_port  # noqa: E402
+
+
+class Nginx:
+    """nginx (the host's, Debian's package) on a loopback port with `router.nginx_conf`."""
+
+    def __init__(self, upstreams: list[str], policy: str, log_path: Path) -> None:
+        exe = shutil.which("nginx") or "/usr/sbin/nginx"
+        self.prefix = Path(tempfile.mkdtemp(prefix="case_nginx_"))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        (self.prefix / "nginx.conf").write_text(nginx_conf(upstreams, self.port, policy, str(self.prefix)))
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([exe, "-p", str(self.prefix), "-c", str(self.prefix / "nginx.conf"), "-g",
+                                      "daemon off;"], stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/nginx-health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise RuntimeError(f"nginx did not start; log {log_path}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        access = self.prefix / "access.log"
+        if access.exists():
+            self._log.write(access.read_text())
+        self._log.close()
+        shutil.rmtree(self.prefix, ignore_errors=True)
+
+
+def load_variant(variant: str, profile: str) -> tuple[Path, str, dict]:
+    """(config file, routing policy, the profile's engine flags) from workload.yaml."""
+    workload = yaml.safe_load(WORKLOAD_FILE.read_text())
+    v = workload["variants"][variant]
+    return CASE_DIR / v["config"][profile], v["routing"], workload["engine"][profile]
+
+
+def machine() -> dict:
+    return {"cpu_count": os.cpu_count(), "loadavg": list(os.getloadavg())}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--variant", required=True, choices=["first_attempt", "the_fix"])
+    ap.add_argument("--trace", type=Path, help="default: loadtest/traces/<profile>/trace.jsonl")
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--serve-arg", action="append", default=[], help="extra serve flag (repeatable)")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    trace = args.trace or TRACES / args.profile / "trace.jsonl"
+    header, records = read_trace(trace)
+    prompts = {r["request_id"]: r for r in map(json.loads, (trace.parent / "prompts.jsonl").read_text().splitlines())}
+    config, policy, flags = load_variant(args.variant, args.profile)
+    out = args.out or CASE_DIR / args.variant / f"results_{args.profile}.json"
+    extra = [part for a in args.serve_arg for part in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
+    load_before = machine()
+    servers = [EngineServer(config, flags, extra, out.with_suffix(f".server{i}.log"), wait=False)
+               for i in range(args.replicas)]
+    router = None
+    try:
+        for s in servers:
+            s.wait_healthy()
+        router = Nginx([s.url.removeprefix("http://") for s in servers], policy, out.with_suffix(".nginx.log"))
+        card = httpx.get(servers[0].url + "/v1/models", timeout=30).json()["data"][0]
+        engine_config = httpx.get(servers[0].url + "/version", timeout=30).json().get("engine_config") or {}
+        before = [scrape(s.url) for s in servers]
+        started = time.time()
+        turns = asyncio.run(replay(router.url, card["id"], records, prompts))
+        wall_s = time.time() - started
+        after = [scrape(s.url) for s in servers]
+    finally:
+        if router is not None:
+            router.stop()
+        for s in servers:
+            s.stop()
+    from benchmarks.env_info import environment
+
+    rows = [asdict(t) | {"ttft_s": t.ttft_s, "tpot_s": t.tpot_s} for t in turns]
+    block_size = int(engine_config.get("block_size", 16))
+    replicas = {s.url.removeprefix("http://"): delta(b, a) for s, b, a in zip(servers, before, after)}
+    record = {"case": "coding_agent", "profile": args.profile, "variant": args.variant,
+              "command": "python -m case_coding_agent.loadtest.run_case " + " ".join(sys.argv[1:] or argv or []),
+              **environment(), "machine_before": load_before, "machine_after": machine(),
+              "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")},
+              "server_commands": [s.command for s in servers], "routing": policy,
+              "config_file": str(config.relative_to(CASE_DIR)), "config_yaml": config.read_text(),
+              "profile_engine_flags": flags, "model": card, "engine_config": engine_config,
+              "trace": str(trace.relative_to(CASE_DIR)), "trace_header": header, "wall_s": round(wall_s, 1),
+              "summary": summarize(rows, block_size), "replica_counters": replicas, "turns": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    s = record["summary"]
+    print(json.dumps({k: v for k, v in s.items() if k != "replicas_per_session"}, indent=1))
+    print(f"wrote {out} ({wall_s:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The case's figures from a replay's turns (dicts as results files store them; `TurnResult` fields plus
+`ttft_s` and `tpot_s`): prompt-token hit rate on turns >= 2 (and its ceiling), warm-turn TTFT while a cold
+long prefill runs, ITL and TPOT (all turns and edit turns), and session affinity (replicas per session).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """The q-th percentile (numpy's linear interpolation) in ms of values in seconds; None when empty."""
+    return None if not values else round(float(np.percentile(np.asarray(values) * 1000, q)), 1)
+
+
+def hit_rate(turns: list[dict], block_size: int) -> dict:
+    """Cached share of the prompt tokens of every turn >= 2, and the ceiling: the previous turn's prompt in
+    whole engine blocks (what a cache that lost nothing would serve; generated tokens are not resent)."""
+    by_session: dict[str, list[dict]] = {}
+    for t in sorted(turns, key=lambda t: (t["session_id"], t["turn"])):
+        by_session.setdefault(t["session_id"], []).append(t)
+    prompt = cached = reusable = 0
+    for session in by_session.values():
+        for prev, t in zip(session, session[1:]):
+            if t["error"] or prev["error"]:
+                continue
+            prompt += t["prompt_tokens"]
+            cached += t["cached_tokens"]
+            reusable += prev["prompt_tokens"] // block_size * block_size
+    return {"turns2plus_prompt_tokens": prompt, "turns2plus_cached_tokens": cached,
+            "turns2plus_hit_rate": round(cached / prompt, 4) if prompt else None,
+            "turns2plus_hit_rate_ceiling": round(reusable / prompt, 4) if prompt else None}
+
+
+def warm_ttft_during_cold(turns: list[dict]) -> dict:
+    """TTFT of the warm turns (turn >= 2 of a session that is not cold) whose wait for the first token
+    overlapped a cold session's long first turn (its send to its first token)."""
+    colds = [(t["start_s"], t["first_token_s"]) for t in turns if t["kind"] == "cold" and t["first_token_s"]]
+    warm = [t for t in turns if t["turn"] >= 2 and t["kind"] != "cold" and not t["session_id"].startswith("cold")
+            and t["ttft_s"] is not None]
+    during = [t["ttft_s"] for t in warm if any(t["start_s"] < end and t["first_token_s"] > start
+                                                for start, end in colds)]
+    return {"num_warm_turns": len(warm), "num_warm_turns_during_cold_prefill": len(during),
+            "p99_warm_ttft_during_cold_ms": pct(during, 99), "max_warm_ttft_during_cold_ms": pct(during, 100),
+            "median_warm_ttft_ms": pct([t["ttft_s"] for t in warm], 50),
+            "p99_warm_ttft_ms": pct([t["ttft_s"] for t in warm], 99),
+            "cold_ttft_ms": [round(1000 * (end - start), 1) for start, end in colds]}
+
+
+def token_latency(turns: list[dict]) -> dict:
+    out = {}
+    for label, chosen in (("all", turns), ("edit", [t for t in turns if t["kind"] == "edit"])):
+        gaps = [b - a for t in chosen for a, b in zip(t["chunk_times_s"], t["chunk_times_s"][1:])]
+        tpot = [t["tpot_s"] for t in chosen if t["tpot_s"] is not None]
+        out |= {f"{label}_median_itl_ms": pct(gaps, 50), f"{label}_p99_itl_ms": pct(gaps, 99),
+                f"{label}_median_tpot_ms": pct(tpot, 50), f"{label}_mean_tpot_ms": (
+                    round(1000 * float(np.mean(tpot)), 1) if tpot else None)}
+    return out
+
+
+def affinity(turns: list[dict]) -> dict:
+    replicas: dict[str, set] = {}
+    for t in turns:
+        if t["replica"]:
+            replicas.setdefault(t["session_id"], set()).add(t["replica"])
+    return {"sessions_on_one_replica": sum(len(r) == 1 for r in replicas.values()), "num_sessions": len(replicas),
+            "replicas_per_session": {s: sorted(r) for s, r in sorted(replicas.items())}}
+
+
+def summarize(turns: list[dict], block_size: int) -> dict:
+    ok = [t for t in turns if not t["error"]]
+    return {"num_turns": len(turns), "num_failed": len(turns) - len(ok), **hit_rate(turns, block_size),
+            **warm_ttft_during_cold(ok), **token_latency(ok), **affinity(turns)}

@@ -1,0 +1,90 @@
+"""Session affinity as configured (the Ingress's upstream-hash-by, compose's nginx directive, the measured
+runs' nginx config, which nginx itself checks when installed) and the case's summary figures on hand-made
+turns with known answers."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from case_coding_agent.loadtest.summary import affinity, hit_rate, token_latency, warm_ttft_during_cold
+from case_coding_agent.router import nginx_conf
+
+CASE = Path(__file__).resolve().parents[2] / "case_coding_agent"
+
+
+def test_the_ingress_hashes_the_session_header_onto_the_engine_service():
+    ingress = yaml.safe_load((CASE / "k8s/base/ingress-engine.yaml").read_text())
+    annotations = ingress["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$http_x_session_id"
+    assert annotations["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"  # SSE streams unbuffered
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    service = yaml.safe_load((CASE / "k8s/base/service-engine.yaml").read_text())
+    assert backend == {"name": service["metadata"]["name"], "port": {"name": service["spec"]["ports"][0]["name"]}}
+
+
+def test_compose_nginx_hashes_the_session_header_over_both_replicas():
+    compose = yaml.safe_load((CASE / "docker-compose.yaml").read_text())
+    conf = compose["configs"]["nginx-config"]["content"]
+    assert "hash $$http_x_session_id consistent;" in conf  # $$: compose's escape for a literal $
+    assert "server 127.0.0.1:${ENGINE_PORT:-8001};" in conf and "server 127.0.0.1:${ENGINE_B_PORT:-8002};" in conf
+    assert {"engine", "engine-b", "router", "prometheus"} <= set(compose["services"])
+
+
+@pytest.mark.parametrize("policy", ["session_hash", "round_robin"])
+def test_nginx_accepts_the_measured_runs_config(policy, tmp_path):
+    conf = nginx_conf(["127.0.0.1:9001", "127.0.0.1:9002"], 9000, policy, str(tmp_path))
+    assert ("hash $http_x_session_id consistent;" in conf) == (policy == "session_hash")
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if nginx is None:
+        pytest.skip("nginx not installed (apt-get install nginx)")
+    (tmp_path / "nginx.conf").write_text(conf)
+    out = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+
+
+def test_an_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="round_robin"):
+        nginx_conf(["a:1"], 1, "random")
+
+
+def turn(session, n, prompt, cached, start, first, kind="read", chunks=(), replica="a", output=0):
+    return {"session_id": session, "turn": n, "kind": kind, "prompt_tokens": prompt, "cached_tokens": cached,
+            "start_s": start, "first_token_s": first, "ttft_s": first - start, "chunk_times_s": list(chunks),
+            "output_tokens": output, "tpot_s": None if output < 2 else (chunks[-1] - first) / (output - 1),
+            "replica": replica, "error": None}
+
+
+def test_hit_rate_counts_turns_two_and_later_against_the_previous_prompt_in_whole_blocks():
+    turns = [turn("s", 1, 100, 0, 0, 1), turn("s", 2, 150, 96, 2, 3), turn("s", 3, 200, 48, 4, 5)]
+    h = hit_rate(turns, 16)
+    assert h["turns2plus_prompt_tokens"] == 350 and h["turns2plus_cached_tokens"] == 144
+    assert h["turns2plus_hit_rate"] == round(144 / 350, 4)
+    assert h["turns2plus_hit_rate_ceiling"] == round((96 + 144) / 350, 4)  # 100 -> 96, 150 -> 144
+
+
+def test_warm_ttft_counts_only_warm_turns_that_waited_during_the_cold_prefill():
+    turns = [turn("cold0", 1, 1600, 0, 10, 30, kind="cold"),
+             turn("s", 2, 300, 200, 12, 20),    # waited inside the cold window: 8 s
+             turn("s", 3, 300, 200, 31, 32),    # after it
+             turn("s", 1, 200, 0, 11, 15),      # a first turn is not warm
+             turn("t", 2, 300, 200, 5, 11)]     # overlaps its start: 6 s
+    w = warm_ttft_during_cold(turns)
+    assert w["num_warm_turns"] == 3 and w["num_warm_turns_during_cold_prefill"] == 2
+    assert w["max_warm_ttft_during_cold_ms"] == 8000.0 and w["cold_ttft_ms"] == [20000.0]
+
+
+def test_token_latency_and_affinity():
+    turns = [turn("s", 1, 10, 0, 0, 1, kind="edit", chunks=(1, 1.5, 2.5), output=5, replica="a"),
+             turn("s", 2, 10, 0, 3, 4, chunks=(4, 4.5), output=2, replica="b"),
+             turn("t", 1, 10, 0, 0, 1, replica="b")]
+    lat = token_latency(turns)
+    assert lat["edit_median_itl_ms"] == 750.0 and lat["edit_median_tpot_ms"] == 375.0  # 1.5 s / 4 tokens
+    assert lat["all_median_itl_ms"] == 500.0
+    a = affinity(turns)
+    assert a["sessions_on_one_replica"] == 1 and a["replicas_per_session"] == {"s": ["a", "b"], "t": ["b"]}
