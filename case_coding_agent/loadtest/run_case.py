@@ -91,6 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", type=Path, help="default: loadtest/traces/<profile>/trace.jsonl")
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--serve-arg", action="append", default=[], help="extra serve flag (repeatable)")
+    ap.add_argument("--first-port", type=int, default=18101, help="replica i listens on first-port + i")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     trace = args.trace or TRACES / args.profile / "trace.jsonl"
@@ -100,8 +101,10 @@ def main(argv=None) -> int:
     out = args.out or CASE_DIR / args.variant / f"results_{args.profile}.json"
     extra = [part for a in args.serve_arg for part in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
     load_before = machine()
-    servers = [EngineServer(config, flags, extra, out.with_suffix(f".server{i}.log"), wait=False)
-               for i in range(args.replicas)]
+    # fixed ports: nginx's hash ring is built from the upstream addresses, so the same ports give the same
+    # session-to-replica split on every run
+    servers = [EngineServer(config, flags, extra, out.with_suffix(f".server{i}.log"), wait=False,
+                            port=args.first_port + i) for i in range(args.replicas)]
     router = None
     try:
         for s in servers:

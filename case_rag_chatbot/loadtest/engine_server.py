@@ -62,11 +62,12 @@ def preset_vocab_size(model: str) -> int | None:
 
 class EngineServer:
     def __init__(self, config: Path | None, settings: dict, extra_args: list[str], log_path: Path,
-                 startup_timeout_s: float = 900.0, gpu: int | None = None, wait: bool = True) -> None:
+                 startup_timeout_s: float = 900.0, gpu: int | None = None, wait: bool = True,
+                 port: int | None = None) -> None:
         """`gpu`: pin the server to that CUDA device, one replica per GPU: the gpu-th entry of the caller's
         `CUDA_VISIBLE_DEVICES` when set, else device `gpu`; the server gets `--device cuda`, so a replica
         without its GPU fails at start instead of serving from the CPU. `wait=False` returns at once (start
-        several, then `wait_healthy` each)."""
+        several, then `wait_healthy` each). `port`: a fixed loopback port (default: a free one)."""
         settings = dict(settings)
         vocab = preset_vocab_size(str(settings.get("model", "")))
         if settings.get("load_format") == "dummy" and vocab and "tokenizer" not in settings:
@@ -74,7 +75,7 @@ class EngineServer:
 
             # Dummy weights have no tokenizer: without one the server cannot stream per-token deltas.
             settings["tokenizer"] = str(write_tokenizer(Path(tempfile.mkdtemp(prefix="case_tok_")), vocab))
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if config is not None and Path(config).resolve().is_relative_to(Path.cwd()):
             config = Path(config).resolve().relative_to(Path.cwd())  # a command that reads the same anywhere

@@ -234,4 +234,4 @@ def _cyclic_gc_paused():
 def _request(spec: RequestSpec) -> Request:
     return Request(request_id=spec.request_id, prompt_token_ids=spec.prompt_token_ids, sampling_params=_PARAMS,
                    max_tokens=spec.max_tokens, arrival_time=spec.arrival_time, lora_name=spec.lora_name,
-                   tenant=spec.tenant)
+                   tenant=spec.tenant, session_id=spec.session_id)

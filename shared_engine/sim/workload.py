@@ -44,6 +44,7 @@ class RequestSpec:
     lora_name: str | None = None
     session: Session | None = None
     tenant: str | None = None  # whose fair-share counter it charges (`--scheduling-policy fair`)
+    session_id: str | None = None  # an agent session's id: its finished turn's prefix is pinned (`--session-pin-ttl`)
 
 
 class TraceWorkload:
