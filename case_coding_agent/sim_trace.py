@@ -5,9 +5,12 @@ granularity: a turn's last partial block never matches the next turn's full one,
 `block_tokens`, as a Mooncake replay counts them).
 
 `route(records, policy, n)` splits the trace over replicas the way the compared routers do: `session_hash`
-keeps a session on one replica (crc32 of the id, as nginx's hash sees a stable key), `round_robin` deals the
-trace's requests out in timestamp order (the simulator runs replicas apart, so a router reacting to finish
-times cannot be modelled; dealing in trace order is nginx's round-robin under a steady arrival order).
+keeps a session on one replica (crc32 of the id, as nginx's hash sees a stable key); `round_robin` sends each
+request to a replica picked by the crc32 of its request id. The simulator runs replicas apart, so a router
+that deals requests out in the order they arrive (which depends on finish times) cannot be modelled; under
+many interleaved closed-loop sessions, which replica a session's next turn meets is close to a coin flip,
+and dealing in the trace's order would instead pin sessions to replicas whenever their turns alternate
+regularly (two sessions a, b, a, b, ... on two replicas).
 """
 
 from __future__ import annotations
@@ -61,8 +64,8 @@ def route(records: list[TraceRecord], policy: str, num_replicas: int) -> list[li
         for r in records:
             out[zlib.crc32(r.session_id.encode()) % num_replicas].append(r)
     elif policy == "round_robin":
-        for i, r in enumerate(sorted(records, key=lambda r: (r.timestamp, r.request_id))):
-            out[i % num_replicas].append(r)
+        for r in records:
+            out[zlib.crc32(r.request_id.encode()) % num_replicas].append(r)
     else:
         raise ValueError(f"policy must be session_hash or round_robin, got {policy!r}")
     return out

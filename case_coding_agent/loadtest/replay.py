@@ -47,8 +47,8 @@ class TurnResult:
         return (self.chunk_times_s[-1] - self.first_token_s) / (self.output_tokens - 1)
 
 
-async def run_turn(client: httpx.AsyncClient, base_url: str, model: str, record: TraceRecord, prompt: str,
-                   kind: str, t0: float) -> TurnResult:
+async def run_turn(client: httpx.AsyncClient, base_url: str, model: str, record: TraceRecord,
+                   prompt: str | list[int], kind: str, t0: float) -> TurnResult:
     body = {"model": model, "prompt": prompt, "max_tokens": record.output_length, "ignore_eos": True,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     out = TurnResult(record.request_id, record.session_id, record.turn, kind, time.monotonic() - t0)
@@ -81,9 +81,10 @@ async def run_turn(client: httpx.AsyncClient, base_url: str, model: str, record:
 
 
 async def replay(base_url: str, model: str, records: list[TraceRecord], prompts: dict[str, dict],
-                 timeout_s: float = 1800.0) -> list[TurnResult]:
+                 timeout_s: float = 1800.0, token_ids=None) -> list[TurnResult]:
     """Every session of `records` concurrently; `prompts`: request_id → prompts.jsonl row (its `append`
-    text and `kind`). Returns the turns in the order they finished."""
+    text and `kind`). `token_ids(record) -> list[int]`: send those ids instead of the texts (dummy weights:
+    `trace.synthetic_token_ids`). Returns the turns in the order they finished."""
     results: list[TurnResult] = []
     t0 = time.monotonic()
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
@@ -92,7 +93,7 @@ async def replay(base_url: str, model: str, records: list[TraceRecord], prompts:
             text, previous = "", None
             for i, record in enumerate(turns):
                 row = prompts[record.request_id]
-                text += row["append"]
+                text = token_ids(record) if token_ids else text + row["append"]
                 due = record.timestamp / 1000 if previous is None else (
                     previous.end_s + (record.timestamp - turns[i - 1].timestamp) / 1000)
                 await asyncio.sleep(max(0.0, due - (time.monotonic() - t0)))

@@ -34,7 +34,7 @@ from case_coding_agent.loadtest.make_trace import TRACES
 from case_coding_agent.loadtest.replay import replay
 from case_coding_agent.loadtest.session_gen import CASE_DIR, WORKLOAD_FILE
 from case_coding_agent.loadtest.summary import summarize
-from case_coding_agent.loadtest.trace import read_trace
+from case_coding_agent.loadtest.trace import read_trace, sessions, synthetic_token_ids
 from case_coding_agent.router import nginx_conf
 
 sys.path.insert(0, str(CASE_DIR.parent / "case_rag_chatbot" / "loadtest"))  # the generic EngineServer
@@ -92,11 +92,21 @@ def main(argv=None) -> int:
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--serve-arg", action="append", default=[], help="extra serve flag (repeatable)")
     ap.add_argument("--first-port", type=int, default=18101, help="replica i listens on first-port + i")
+    ap.add_argument("--synthetic-prompts", action="store_true", help="send the trace's synthetic token ids "
+                    "(dummy weights, the h200 profile) instead of the prompt texts")
+    ap.add_argument("--gpus", action="store_true", help="one CUDA device per replica")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     trace = args.trace or TRACES / args.profile / "trace.jsonl"
     header, records = read_trace(trace)
-    prompts = {r["request_id"]: r for r in map(json.loads, (trace.parent / "prompts.jsonl").read_text().splitlines())}
+    if args.synthetic_prompts:  # dummy weights: token ids with the trace's block sharing, kinds from the shape
+        last = {s: t[-1].turn for s, t in sessions(records).items()}
+        prompts = {r.request_id: {"kind": "cold" if r.session_id.startswith("cold") and r.turn == 1 else
+                                  "edit" if r.turn == last[r.session_id] and r.turn > 1 else "read"}
+                   for r in records}
+    else:
+        lines = (trace.parent / "prompts.jsonl").read_text().splitlines()
+        prompts = {r["request_id"]: r for r in map(json.loads, lines)}
     config, policy, flags = load_variant(args.variant, args.profile)
     out = args.out or CASE_DIR / args.variant / f"results_{args.profile}.json"
     extra = [part for a in args.serve_arg for part in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
@@ -104,7 +114,7 @@ def main(argv=None) -> int:
     # fixed ports: nginx's hash ring is built from the upstream addresses, so the same ports give the same
     # session-to-replica split on every run
     servers = [EngineServer(config, flags, extra, out.with_suffix(f".server{i}.log"), wait=False,
-                            port=args.first_port + i) for i in range(args.replicas)]
+                            port=args.first_port + i, gpu=i if args.gpus else None) for i in range(args.replicas)]
     router = None
     try:
         for s in servers:
@@ -114,7 +124,9 @@ def main(argv=None) -> int:
         engine_config = httpx.get(servers[0].url + "/version", timeout=30).json().get("engine_config") or {}
         before = [scrape(s.url) for s in servers]
         started = time.time()
-        turns = asyncio.run(replay(router.url, card["id"], records, prompts))
+        vocab = int(card.get("vocab_size") or 32000)
+        ids = (lambda r: synthetic_token_ids(r, header["block_tokens"], vocab)) if args.synthetic_prompts else None
+        turns = asyncio.run(replay(router.url, card["id"], records, prompts, token_ids=ids))
         wall_s = time.time() - started
         after = [scrape(s.url) for s in servers]
     finally:
