@@ -105,23 +105,51 @@ def cost_section() -> str:
              f"session-hour at capacity). The brief's {b['concurrent_sessions']} sessions: {b['gpus']} GPUs, "
              f"${b['usd_per_hour']}/hour (${b['usd_per_session_hour']} per session-hour). At 10x "
              f"({x['concurrent_sessions']} sessions): {x['gpus']} GPUs, ${x['usd_per_hour']}/hour. Next bottleneck: "
-             + (f"at {nxt['sessions']} sessions a GPU, {'; '.join(nxt['missed'])}." if nxt else
+             + (f"at {nxt['sessions']} sessions a GPU, {'; '.join(nxt['missed'])}; {nxt['num_preemptions']} "
+                f"preemptions and {fmt(nxt['computed_prompt_share'], '{:.1%}')} of prompt tokens computed: the "
+                f"KV pool ({c['kv_pool_tokens_per_gpu']:,} tokens a GPU) no longer holds every live session."
+                if nxt else
                 "none within the sweep (extend `--sessions`).")
              + f" Commands: `{c['sweep_command']}` (commit {c['sweep_commit']}), then `{c['command']}`."]
     return "\n".join(rows)
 
 
-BLOCKS = {"measured": measured_section, "modelled": modelled_section, "tenx": cost_section}
+def broke_section() -> str:
+    path = CASE_DIR / "first_attempt" / "results_cpu.json"
+    if not path.exists():
+        return ("Not measured yet: "
+                "`python -m case_coding_agent.loadtest.run_case --profile cpu --variant first_attempt`.")
+    r = json.loads(path.read_text())
+    s = r["summary"]
+    per_replica = ", ".join(f"{addr} {c['prefix_cache_hit_rate']:.1%}" for addr, c in r["replica_counters"].items())
+    return "\n".join([
+        f"- Prefix hits on turns >= 2: {fmt(s['turns2plus_hit_rate'], '{:.1%}')} of prompt tokens, against a "
+        f"ceiling of {fmt(s['turns2plus_hit_rate_ceiling'], '{:.1%}')}; each replica's own counters "
+        f"(`vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`, all turns): {per_replica}.",
+        f"- {s['sessions_on_one_replica']} of {s['num_sessions']} sessions stayed on one replica "
+        f"(`X-Upstream-Addr` per turn).",
+        f"- Warm turns that waited while the cold paste prefilled: {s['num_warm_turns_during_cold_prefill']}, "
+        f"p99 TTFT {fmt(s['p99_warm_ttft_during_cold_ms'], '{:,.0f}')} ms (median warm TTFT overall "
+        f"{fmt(s['median_warm_ttft_ms'], '{:,.0f}')} ms); the paste's own TTFT "
+        f"{', '.join(f'{x:,.0f}' for x in s['cold_ttft_ms'])} ms.",
+        f"- Edit turns: median TPOT {fmt(s['edit_median_tpot_ms'], '{:,.0f}')} ms, one token per step.",
+        f"- From `{r['command']}` at {r['commit']} ({r['date']}, load average "
+        f"{r['machine_before']['loadavg'][0]:.1f}).",
+    ])
+
+
+BLOCKS = {"broke": broke_section, "measured": measured_section, "modelled": modelled_section,
+          "tenx": cost_section}
 
 
 def update_readme(readme: Path) -> None:
     text = readme.read_text()
     for name, make in BLOCKS.items():
-        pattern = re.compile(rf"(<!-- {name}:start[^>]*-->\n).*?(\n<!-- {name}:end -->)", re.S)
+        pattern = re.compile(rf"(<!-- {name}:start[^>]*-->\n)(?:.*?\n)?(<!-- {name}:end -->)", re.S)
         if not pattern.search(text):
             raise ValueError(f"{readme} has no <!-- {name}:start --> ... <!-- {name}:end --> block")
         body = make()
-        text = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), text)
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
     readme.write_text(text)
 
 

@@ -92,7 +92,7 @@ def simulate(sim: Simulator, records: list[TraceRecord], block_tokens: int, poli
         rows += replica_rows
         itl += list(metrics.itl)
         busy, preempt, steps = busy + metrics.busy_s, preempt + metrics.num_preemptions, steps + metrics.num_steps
-    summary = summarize(rows, sim.config.cache.block_size)
+    summary = summarize(rows, block_tokens)  # the ceiling at the trace's granularity: what synthetic ids can share
     import numpy as np
 
     summary |= {"all_median_itl_ms": round(float(np.median(itl)) * 1000, 2) if itl else None,

@@ -30,8 +30,11 @@ def default_tokenizer():
 
 
 def commit() -> str:
+    """The checkout's short commit, `-dirty` when tracked files differ from it."""
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=CASE_DIR)
-    return out.stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True, cwd=CASE_DIR).stdout.strip()
+    return (out.stdout.strip() or "unknown") + ("-dirty" if dirty else "")
 
 
 def main(argv=None) -> int:

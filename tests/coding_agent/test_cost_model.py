@@ -10,8 +10,9 @@ from case_coding_agent.cost_model import fleet, misses, model, sessions_per_gpu
 TARGETS = {"p99_warm_ttft_ms": 1000, "min_turns2plus_hit_rate": 0.97, "concurrent_sessions": 16}
 
 
-def run(n, ttft, hit):
-    return {"sessions": n, "summary": {"p99_warm_ttft_ms": ttft, "turns2plus_hit_rate": hit}}
+def run(n, ttft, hit, ceiling=1.0):
+    return {"sessions": n, "summary": {"p99_warm_ttft_ms": ttft, "turns2plus_hit_rate": hit,
+                                       "turns2plus_hit_rate_ceiling": ceiling}}
 
 
 def test_misses_names_each_slo():
@@ -19,6 +20,9 @@ def test_misses_names_each_slo():
     missed = misses(run(1, 1200, 0.9)["summary"], TARGETS)
     assert len(missed) == 2 and "1200" in missed[0] and "0.9" in missed[1]
     assert misses({"p99_warm_ttft_ms": None, "turns2plus_hit_rate": 0.99}, TARGETS)  # no data is no pass
+    relative = {"p99_warm_ttft_ms": 1000, "min_turns2plus_hit_share_of_ceiling": 0.97}
+    assert misses(run(1, 900, 0.92, ceiling=0.94)["summary"], relative) == []  # 0.92 >= 0.97 x 0.94
+    assert "ceiling 0.94" in misses(run(1, 900, 0.90, ceiling=0.94)["summary"], relative)[0]
 
 
 def test_sessions_per_gpu_is_the_largest_pass_below_the_first_failure():
