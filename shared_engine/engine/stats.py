@@ -28,6 +28,9 @@ class EngineStats:
     _window_generation: int = 0
     _window_queries: int = 0
     _window_hits: int = 0
+    # KV offload's host tier (scheduler.host_prefix_cache_*): totals at the last step, and this window's
+    _host_totals: tuple[int, int] = (0, 0)
+    _window_host: list[int] = field(default_factory=lambda: [0, 0])
     _window_steps: int = 0
     # seconds in the window: [whole steps, scheduling, model runner, output processing, GPU span (CUDA)]
     _window_phases: list[float] = field(default_factory=lambda: [0.0] * 5)
@@ -39,6 +42,11 @@ class EngineStats:
         past a stop are not counted). `phases`: seconds of this step spent scheduling, in the model runner,
         processing outputs, and the runner's GPU span (first kernel to sampled ids; 0 on CPU)."""
         self._on_prefix_counters(scheduler.prefix_cache_queries, scheduler.prefix_cache_hits)
+        host = (scheduler.host_prefix_cache_queries, scheduler.host_prefix_cache_hits)
+        if host != self._host_totals:
+            self._window_host[0] += host[0] - self._host_totals[0]
+            self._window_host[1] += host[1] - self._host_totals[1]
+            self._host_totals = host
         prompt = out.num_batched_tokens - out.num_decode_tokens
         self.num_prompt_tokens_total += prompt
         self.num_generation_tokens_total += num_sampled
@@ -69,6 +77,12 @@ class EngineStats:
             self._window_prompt / elapsed, self._window_generation / elapsed, scheduler.num_running,
             scheduler.num_waiting, 100.0 * block_manager.usage, hit_rate,
         )
+        if block_manager.host is not None:  # vLLM's wording for a KV connector's hits
+            queries, hits = self._window_host
+            logger.info("External prefix cache hit rate: %.1f%% (KV offload: %d of %d host-tier blocks in use)",
+                        100.0 * hits / queries if queries else 0.0, len(block_manager.host),
+                        block_manager.host.num_blocks)
+        self._window_host = [0, 0]
         spec = self.spec.log_fields() if self.spec is not None else None
         if spec is not None:
             logger.info("SpecDecoding metrics: Draft acceptance rate: %.1f%%, Mean acceptance length: %.2f, "

@@ -9,6 +9,9 @@ hit's shorter step, while a GPU hit and a host-tier hit compute the same step on
 
 from __future__ import annotations
 
+import logging
+import re
+
 import pytest
 import torch
 
@@ -91,3 +94,16 @@ def test_host_tier_size_follows_the_flag(pair):
     expected = int(0.05 * 1024**3) // runner.kv_bytes_per_block
     assert on.engine.block_manager.host.num_blocks == expected == runner.offloader.host.shape[0]
     assert off.engine.block_manager.host is None and off.engine.runner.offloader is None
+
+
+def test_stats_line_reports_the_host_tier(pair, prompts, caplog):
+    on = pair[0]
+    on.engine.stats._last_log -= 60  # the next step logs its 10-second line
+    with caplog.at_level(logging.INFO, logger="shared_engine"):
+        on.generate([prompts[0]], GREEDY, use_tqdm=False)
+    lines = [r.getMessage() for r in caplog.records if "External prefix cache hit rate" in r.getMessage()]
+    host = on.engine.block_manager.host
+    assert len(lines) == 1
+    match = re.fullmatch(rf"External prefix cache hit rate: \d+\.\d% \(KV offload: (\d+) of {host.num_blocks} "
+                         r"host-tier blocks in use\)", lines[0])
+    assert match and 0 < int(match.group(1)) <= len(host)  # at the log line; the step may offload after it
