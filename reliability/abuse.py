@@ -9,8 +9,8 @@
    seconds, and as many that send full headers and then trickle the body, held open for the loaded phase;
    recorded: how many the server closed, and whether it kept answering others.
 3. The well-behaved client: `--probes` sequential requests (completions, greedy, max_tokens 8) unloaded,
-   then again while the slowloris sockets are open and `--abuse-workers` threads send the abuse cases in a
-   loop, then unloaded once more. Passing: the loaded p95 latency within 1.5x of the unloaded p95 (the
+   then again while the slowloris sockets are open and `--abuse-workers` processes send the abuse cases in
+   a loop, then unloaded once more. Passing: the loaded p95 latency within 1.5x of the unloaded p95 (the
    larger of the two unloaded phases, which bracket the loaded one).
 Bounded: every request has a 60 s timeout, each phase at most `--probes` requests, abuse workers stop
 with the loaded phase (and after `--max-abuse-requests` in all).
@@ -19,6 +19,9 @@ with the loaded phase (and after `--max-abuse-requests` in all).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
+import select
 import socket
 import sys
 import threading
@@ -28,20 +31,45 @@ from urllib.parse import urlparse
 
 import httpx
 
-from reliability.abuse_cases import CASES, is_envelope
+from reliability.abuse_cases import CASES, is_envelope, raw_request
+from reliability.cpu_meter import CpuMeter, descendants, listening_pid
 from reliability.results import RESULTS, percentile
 
 PROBE = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0.0}
 
 
-def send_case(client: httpx.Client, url: str, name: str) -> dict:
-    path, kwargs = CASES[name]
-    start = time.monotonic()
+def send_raw(addr: tuple[str, int], raw: bytes) -> tuple[int | str, bytes]:
+    """Send one prebuilt request; (status code, or why there is none; response body). Stops sending once
+    the server has answered (a 413 or 431 before the whole request is in)."""
+    answer = b""
     try:
-        r = client.request("POST", url + path, **kwargs)
-        status, envelope = r.status_code, is_envelope(r.content)
-    except httpx.HTTPError as exc:
-        status, envelope = f"{type(exc).__name__}", False
+        with socket.create_connection(addr, timeout=60) as sock:
+            view = memoryview(raw)
+            try:
+                for i in range(0, len(raw), 65536):
+                    if select.select([sock], [], [], 0)[0]:
+                        break
+                    sock.sendall(view[i:i + 65536])
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server answered and closed before the whole request was in
+            try:
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            except ConnectionResetError:
+                pass
+    except OSError as exc:
+        return type(exc).__name__, b""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    try:
+        return int(head.split(b" ", 2)[1]), body
+    except (IndexError, ValueError):
+        return "no response", b""
+
+
+def send_case(addr: tuple[str, int], name: str, raw: bytes | None = None) -> dict:
+    start = time.monotonic()
+    status, body = send_raw(addr, raw if raw is not None else raw_request(name))
+    envelope = is_envelope(body)
     seconds = round(time.monotonic() - start, 3)
     ok = isinstance(status, int) and 400 <= status < 500 and envelope
     return {"case": name, "status": status, "envelope": envelope, "seconds": seconds, "ok": ok}
@@ -56,6 +84,11 @@ def probe_latencies(url: str, count: int) -> list[float]:
             r.raise_for_status()
             out.append(time.monotonic() - start)
     return out
+
+
+def _addr(url: str) -> tuple[str, int]:
+    u = urlparse(url)
+    return u.hostname, u.port
 
 
 class Slowloris:
@@ -106,35 +139,62 @@ class Slowloris:
         return {"connections_per_kind": self.n, "closed_by_server": dict(self.closed_by_server)}
 
 
-def abuse_loop(url: str, stop: threading.Event, budget: list[int], results: list[dict]) -> None:
-    names = sorted(CASES)
-    with httpx.Client(timeout=60) as client:
-        i = 0
-        while not stop.is_set() and budget[0] > 0:
-            budget[0] -= 1
-            results.append(send_case(client, url, names[i % len(names)]))
-            i += 1
+def abuse_loop(url: str, stop, budget: int, start: int, results) -> None:
+    """One abuse worker (a process of its own: building some abusive requests costs the client seconds of
+    Python, e.g. httpx's cookie handling of 5,000 headers, which in the probe's process would hold the GIL
+    and delay the probe itself). Puts its list of case results on `results` when done."""
+    names, out = sorted(CASES), []
+    raws = {name: raw_request(name) for name in names}
+    addr, i = _addr(url), start
+    while not stop.is_set() and len(out) < budget:
+        name = names[i % len(names)]
+        out.append(send_case(addr, name, raws[name]))
+        i += 1
+    results.put((out, time.monotonic()))
 
 
 def run(url: str, probes: int, slow: int, slow_byte_s: float, workers: int, max_abuse: int) -> dict:
-    with httpx.Client(timeout=60) as client:
-        once = [send_case(client, url, name) for name in CASES]
+    load = {"start": os.getloadavg()}
+    server_pid, abuse_pids = listening_pid(_addr(url)[1]), []
+    meter = CpuMeter({"api_server": lambda: [server_pid] if server_pid else [],
+                      "engine_core_process": lambda: descendants(server_pid) if server_pid else [],
+                      "probe_and_slowloris_client": lambda: [os.getpid()], "abuse_clients": lambda: abuse_pids})
+    once = [send_case(_addr(url), name) for name in CASES]
+    load["unloaded_before"] = os.getloadavg()
+    snaps = [meter.snapshot()]
     unloaded = probe_latencies(url, probes)
+    snaps.append(meter.snapshot())
+    load["loaded_start"] = os.getloadavg()
     loris = Slowloris(url, slow, slow_byte_s)
     loris.start()
-    stop, budget, looped = threading.Event(), [max_abuse], []
-    threads = [threading.Thread(target=abuse_loop, args=(url, stop, budget, looped), daemon=True)
-               for _ in range(workers)]
-    for t in threads:
-        t.start()
+    mp = multiprocessing.get_context("spawn")
+    stop, queue, looped = mp.Event(), mp.Queue(), []
+    procs = [mp.Process(target=abuse_loop, args=(url, stop, max_abuse // workers, i * 7, queue), daemon=True)
+             for i in range(workers)]
+    for proc in procs:
+        proc.start()
+    abuse_pids.extend(proc.pid for proc in procs)
+    time.sleep(5)  # the workers' interpreters start (spawn) before the loaded phase is timed
+    loaded_start, ends = time.monotonic(), []
+    snaps.append(meter.snapshot())
     try:
         loaded = probe_latencies(url, probes)
     finally:
+        loaded_s = time.monotonic() - loaded_start
+        snaps.append(meter.snapshot())  # before the abuse workers exit
         stop.set()
-        for t in threads:
-            t.join(timeout=120)
+        for _ in procs:
+            out, end = queue.get(timeout=180)
+            looped.extend(out)
+            ends.append(end)
+        for proc in procs:
+            proc.join(timeout=30)
         slowloris = loris.close()
+    load["loaded_end"] = os.getloadavg()
+    snaps.append(meter.snapshot())
     unloaded_after = probe_latencies(url, probes)
+    snaps.append(meter.snapshot())
+    load["end"] = os.getloadavg()
     p95 = {name: round(percentile(v, 0.95) * 1000, 1) for name, v in
            (("unloaded_before", unloaded), ("loaded", loaded), ("unloaded_after", unloaded_after))}
     baseline = max(p95["unloaded_before"], p95["unloaded_after"])
@@ -142,6 +202,9 @@ def run(url: str, probes: int, slow: int, slow_byte_s: float, workers: int, max_
         "cases": once,
         "cases_failing": [c["case"] for c in once if not c["ok"]],
         "looped_requests": len(looped),
+        # the abuse loop ran over the whole loaded phase unless its request budget ran out first
+        "loaded_phase_s": round(loaded_s, 1),
+        "abuse_loop_within_loaded_phase_s": round(min(max(ends) - loaded_start, loaded_s), 1),
         "looped_failing": sorted({c["case"] for c in looped if not c["ok"]}),
         "looped_5xx": sum(1 for c in looped if isinstance(c["status"], int) and c["status"] >= 500),
         "slowloris": slowloris,
@@ -150,12 +213,19 @@ def run(url: str, probes: int, slow: int, slow_byte_s: float, workers: int, max_
                                                ("unloaded_after", unloaded_after))},
         "loaded_over_unloaded_p95": round(p95["loaded"] / baseline, 2),
         "within_1_5x": p95["loaded"] <= 1.5 * baseline,
+        # average cores used in each phase; "machine" is every process on it (other users included)
+        "cores_used": {"unloaded_before": CpuMeter.cores(snaps[0], snaps[1]),
+                       "loaded": CpuMeter.cores(snaps[2], snaps[3]),
+                       "unloaded_after": CpuMeter.cores(snaps[4], snaps[5])},
+        "load_average_1_5_15_min": {k: [round(x, 2) for x in v] for k, v in load.items()},
+        "probe_seconds": {"unloaded_before": [round(x, 3) for x in unloaded], "loaded": [round(x, 3) for x in loaded],
+                          "unloaded_after": [round(x, 3) for x in unloaded_after]},
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     from reliability.local_server import local_server
-    from reliability.results import write_section
+    from reliability.results import append_entry, write_section
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url")
@@ -165,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--abuse-workers", type=int, default=2)
     p.add_argument("--max-abuse-requests", type=int, default=2000)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--append-to", metavar="KEY",
+                   help="append the run to the list under KEY in the results file instead of replacing 'abuse'")
     args = p.parse_args(argv)
     flags = ["--max-model-len", "1024"]
     with local_server(flags, url=args.url) as url:
@@ -173,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     report["config"] = {"server": "python -m shared_engine serve " + " ".join(flags), "probes": args.probes,
                         "probe_request": PROBE, "slow_connections_per_kind": args.slow_connections,
                         "slow_byte_s": args.slow_byte_s, "abuse_workers": args.abuse_workers}
-    write_section("abuse", report, args.out)
+    if args.append_to:
+        append_entry(args.append_to, report, args.out)
+    else:
+        write_section("abuse", report, args.out)
     for c in report["cases"]:
         print(f"{c['case']:28s} {c['status']!s:24s} envelope={c['envelope']!s:5s} {c['seconds']:7.3f} s")
     print({k: v for k, v in report.items() if k != "cases"})

@@ -53,6 +53,16 @@ def write_section(name: str, section: dict, path: Path = RESULTS) -> Path:
     return path
 
 
+def append_entry(name: str, entry: dict, path: Path = RESULTS) -> Path:
+    """Append `entry` (plus when, commit, machine, command) to the list under `name`, keeping earlier ones."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault(name, []).append({"when": datetime.now(UTC).isoformat(timespec="seconds"), "commit": commit(),
+                                      "machine": machine(),
+                                      "command": " ".join(["python", "-m", _module(), *sys.argv[1:]]), **entry})
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """The q-quantile (0..1) by nearest rank; None for no values."""
     if not values:
