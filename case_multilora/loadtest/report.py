@@ -1,8 +1,8 @@
 """First attempt vs the fix from the load test's results files: the well-behaved tenants' p99 TTFT against
 their isolated run (target <= 1.2x), the fix's throughput against the base model at the same offered load
-(target >= 90%), the whales' refusals; writes `loadtest/summary_cpu.json` and the plots.
+(target >= 90%), the whales' refusals; writes `loadtest/summary_<profile>.json` and the plots.
 
-    python case_multilora/loadtest/report.py [--plots case_multilora/plots]
+    python case_multilora/loadtest/report.py [--profile cpu|h200] [--plots case_multilora/plots]
 """
 
 from __future__ import annotations
@@ -12,20 +12,23 @@ import json
 from pathlib import Path
 
 CASE_DIR = Path(__file__).resolve().parents[1]
-FILES = {"isolated": "the_fix/isolated_cpu.json", "first_attempt": "first_attempt/results_cpu.json",
-         "the_fix": "the_fix/results_cpu.json", "base": "the_fix/base_cpu.json"}
+FILES = {"isolated": "the_fix/isolated_{profile}.json", "first_attempt": "first_attempt/results_{profile}.json",
+         "the_fix": "the_fix/results_{profile}.json", "base": "the_fix/base_{profile}.json"}
 
 
-def load(case_dir: Path = CASE_DIR) -> dict[str, dict]:
-    return {k: json.loads((case_dir / v).read_text()) for k, v in FILES.items() if (case_dir / v).exists()}
+def load(profile: str = "cpu", case_dir: Path = CASE_DIR) -> dict[str, dict]:
+    files = {k: case_dir / v.format(profile=profile) for k, v in FILES.items()}
+    return {k: json.loads(path.read_text()) for k, path in files.items() if path.exists()}
 
 
 def compare(runs: dict[str, dict]) -> dict:
     """Ratios against the isolated and base runs; missing runs give None."""
     iso = runs.get("isolated", {}).get("summary", {}).get("well-behaved", {}).get("p99_ttft_ms")
     base = runs.get("base", {}).get("summary", {}).get("output_tokens_per_s")
-    out = {"files": {k: FILES[k] for k in runs}, "isolated_p99_ttft_ms": iso, "base_output_tokens_per_s": base,
-           "targets": {"p99_ttft_vs_isolated_max": 1.2, "throughput_vs_base_min": 0.9}, "runs": {}}
+    profile = next(iter(runs.values()), {}).get("profile", "cpu")
+    out = {"files": {k: FILES[k].format(profile=profile) for k in runs}, "isolated_p99_ttft_ms": iso,
+           "base_output_tokens_per_s": base, "runs": {},
+           "targets": {"p99_ttft_vs_isolated_max": 1.2, "throughput_vs_base_min": 0.9}}
     for name, run in runs.items():
         s = run["summary"]
         wb, whale = s["well-behaved"], s["whale"]
@@ -41,7 +44,7 @@ def compare(runs: dict[str, dict]) -> dict:
     return out
 
 
-def plot(runs: dict[str, dict], summary: dict, plots: Path) -> list[Path]:
+def plot(runs: dict[str, dict], summary: dict, plots: Path, profile: str = "cpu") -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -63,10 +66,11 @@ def plot(runs: dict[str, dict], summary: dict, plots: Path) -> list[Path]:
         right.axhline(1.2 * summary["isolated_p99_ttft_ms"] / 1000, linestyle="--", color="grey",
                       label="1.2x isolated (target)")
         right.legend(fontsize=7)
-    right.set(ylabel="well-behaved p99 TTFT (s)", title="p99 TTFT (CPU, SmolLM2-135M, 4 trained adapters)")
+    where = {"cpu": "CPU, SmolLM2-135M, 4 trained adapters", "h200": "H200, llama-3.1-8b dummy, 30 adapters"}
+    right.set(ylabel="well-behaved p99 TTFT (s)", title=f"p99 TTFT ({where.get(profile, profile)})")
     right.title.set_fontsize(8)
     fig.tight_layout()
-    path = plots / "ttft_cpu.png"
+    path = plots / f"ttft_{profile}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
@@ -75,12 +79,13 @@ def plot(runs: dict[str, dict], summary: dict, plots: Path) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plots", type=Path, default=CASE_DIR / "plots")
+    parser.add_argument("--profile", default="cpu", choices=["cpu", "h200"])
     args = parser.parse_args()
-    runs = load()
+    runs = load(args.profile)
     summary = compare(runs)
-    (CASE_DIR / "loadtest" / "summary_cpu.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (CASE_DIR / "loadtest" / f"summary_{args.profile}.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
-    for path in plot(runs, summary, args.plots):
+    for path in plot(runs, summary, args.plots, args.profile):
         print("wrote", path)
 
 

@@ -41,34 +41,49 @@ from benchmarks.env_info import environment  # noqa: E402
 from case_multilora.adapters import ensure_adapters  # noqa: E402
 from case_multilora.services import start_engine, start_gateway  # noqa: E402
 
-WELL_BEHAVED = [("t1", "acme"), ("t2", "json"), ("t3", "french"), ("t4", "upper"), ("t5", "acme"), ("t6", "json")]
-WHALES = [("w1", "french"), ("w2", "upper")]
-WHALE_QUOTA_PER_MINUTE = 12
-VARIANTS = {
-    "isolated": {"config": "config.yaml", "limits": True, "whales": False, "out": "the_fix/isolated_cpu.json"},
-    "first_attempt": {"config": "first_attempt/config.yaml", "limits": False, "whales": True,
-                      "out": "first_attempt/results_cpu.json"},
-    "the_fix": {"config": "config.yaml", "limits": True, "whales": True, "out": "the_fix/results_cpu.json"},
-    "base": {"config": "config.yaml", "limits": True, "whales": True, "base": True, "out": "the_fix/base_cpu.json"},
+# profile: tenants (name, adapter) in popularity order, whales, users, answer lengths, the configs
+PROFILES = {
+    "cpu": {"well_behaved": [("t1", "acme"), ("t2", "json"), ("t3", "french"), ("t4", "upper"), ("t5", "acme"),
+                             ("t6", "json")],
+            "whales": [("w1", "french"), ("w2", "upper")], "well_behaved_users": 4, "whale_users": 4,
+            "pacing_s": 8.0, "max_tokens": 16, "whale_max_tokens": 32, "quota": 12,
+            "configs": {"first_attempt": "first_attempt/config.yaml", "the_fix": "config.yaml"}},
+    # the brief's 30 tenants on the H200: 28 well-behaved + 2 whales over 30 random adapters (t<rank>-<i>)
+    "h200": {"well_behaved": [(f"t{i + 1}", f"t{(8, 16, 64)[i % 3]}-{i // 3}") for i in range(28)],
+             "whales": [("w1", "t16-9"), ("w2", "t64-9")], "well_behaved_users": 96, "whale_users": 32,
+             "pacing_s": 2.0, "max_tokens": 128, "whale_max_tokens": 256, "quota": 120,
+             "configs": {"first_attempt": "first_attempt/config_h200.yaml", "the_fix": "the_fix/config_h200.yaml"}},
+}
+VARIANTS = {  # config: which of the profile's configs; out: results file, {profile} filled in
+    "isolated": {"config": "the_fix", "limits": True, "whales": False, "out": "the_fix/isolated_{profile}.json"},
+    "first_attempt": {"config": "first_attempt", "limits": False, "whales": True,
+                      "out": "first_attempt/results_{profile}.json"},
+    "the_fix": {"config": "the_fix", "limits": True, "whales": True, "out": "the_fix/results_{profile}.json"},
+    "base": {"config": "the_fix", "limits": True, "whales": True, "base": True, "out": "the_fix/base_{profile}.json"},
 }
 LORA_KEYS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "allowed_local_lora_path", "lora_modules")
 
 
-def tenants_files(work: Path, limits: bool, base_model: str | None) -> tuple[Path, Path]:
-    """(the gateway's tenants YAML, the locust tenants JSON)."""
+def tenants_files(work: Path, profile: dict, limits: bool, base_model: str | None) -> tuple[Path, Path]:
+    """(the gateway's tenants YAML, the locust tenants JSON). Whales: `quota` requests a minute, tokens for
+    that many whale requests; well-behaved: 2.5x their pacing's rate (never limited in normal use)."""
     rows, spec = [], {"well_behaved": [], "whales": []}
-    for kind, group in (("well_behaved", WELL_BEHAVED), ("whales", WHALES)):
+    quota = profile["quota"]
+    wb_rate = max(30, round(2.5 * 60 / profile["pacing_s"] * profile["well_behaved_users"]))
+    for kind in ("well_behaved", "whales"):
+        group = profile[kind]
         for name, adapter in group:
             key = f"sk-{name}-load"
             row = {"name": name, "api_key_sha256": hashlib.sha256(key.encode()).hexdigest(),
                    "adapter": base_model or adapter}
             if limits and kind == "whales":
-                row.update(request_limit=f"{WHALE_QUOTA_PER_MINUTE}/minute", token_limit="4500/minute",
-                           max_concurrency=2)
+                row.update(request_limit=f"{quota}/minute", token_limit=f"{quota * (400 + profile['whale_max_tokens'])}"
+                           "/minute", max_concurrency=max(2, profile["whale_users"] // 2))
             elif limits:
-                row.update(request_limit="30/minute", token_limit="3000/minute", max_concurrency=4)
+                row.update(request_limit=f"{wb_rate}/minute", token_limit=f"{wb_rate * (64 + profile['max_tokens'])}"
+                           "/minute", max_concurrency=max(4, profile["well_behaved_users"]))
             rows.append(row)
-            spec[kind].append({"name": name, "key": key, "quota_per_minute": WHALE_QUOTA_PER_MINUTE})
+            spec[kind].append({"name": name, "key": key, "quota_per_minute": quota})
     (work / "tenants.yaml").write_text(yaml.safe_dump({"tenants": rows}))
     (work / "tenants.json").write_text(json.dumps(spec))
     return work / "tenants.yaml", work / "tenants.json"
@@ -123,15 +138,21 @@ def engine_metrics(url: str) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", required=True, choices=sorted(VARIANTS))
+    p.add_argument("--profile", default="cpu", choices=sorted(PROFILES))
+    p.add_argument("--adapters-dir", type=Path, default=None,
+                   help="h200: the random adapters (scripts/make_adapters.py random --ranks 8 16 64 --count 10)")
     p.add_argument("--duration-s", type=int, default=120)
-    p.add_argument("--well-behaved-users", type=int, default=4)
-    p.add_argument("--whale-users", type=int, default=4, help="per whale")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    variant = VARIANTS[args.variant]
+    variant, profile = VARIANTS[args.variant], PROFILES[args.profile]
     work = Path(tempfile.mkdtemp(prefix=f"multilora-{args.variant}-"))
-    config = yaml.safe_load((CASE_DIR / variant["config"]).read_text())
-    adapters = None if variant.get("base") else ensure_adapters()
+    config = yaml.safe_load((CASE_DIR / profile["configs"][variant["config"]]).read_text())
+    if variant.get("base"):
+        adapters = None
+    elif args.profile == "cpu":
+        adapters = ensure_adapters()
+    else:  # the config's names t<rank>-<i> on the directories r<rank>-<i>
+        adapters = {m.split("=")[0]: args.adapters_dir / Path(m.split("=")[1]).name for m in config["lora_modules"]}
     if variant.get("base"):
         config = {k: v for k, v in config.items() if k not in LORA_KEYS}
     (work / "engine.yaml").write_text(yaml.safe_dump(config))
@@ -142,15 +163,16 @@ def main(argv=None) -> int:
         if variant.get("base"):
             base_model = httpx.get(engine.url + "/v1/models", timeout=30,
                                    headers={"Authorization": "Bearer sk-engine-local"}).json()["data"][0]["id"]
-        tenants_yaml, tenants_json = tenants_files(work, variant["limits"], base_model)
+        tenants_yaml, tenants_json = tenants_files(work, profile, variant["limits"], base_model)
         gateway = start_gateway(work, engine.url, tenants_yaml)
-        whales = len(WHALES) * args.whale_users if variant["whales"] else 0
+        whales = len(profile["whales"]) * profile["whale_users"] if variant["whales"] else 0
         samples = work / "samples.jsonl"
         cmd = [sys.executable, "-m", "locust", "-f", str(HERE / "locustfile.py"), "--headless",
-               "-u", str(args.well_behaved_users + whales), "-r", "100", "-t", f"{args.duration_s}s",
+               "-u", str(profile["well_behaved_users"] + whales), "-r", "100", "-t", f"{args.duration_s}s",
                "--host", gateway.url, "--ml-tenants", str(tenants_json), "--ml-samples", str(samples),
-               "--ml-whale-users", str(args.whale_users), "--csv", str(work / "locust"), "--only-summary",
-               "--stop-timeout", "30"]
+               "--ml-whale-users", str(profile["whale_users"]), "--ml-pacing-s", str(profile["pacing_s"]),
+               "--ml-max-tokens", str(profile["max_tokens"]), "--ml-whale-max-tokens", str(profile["whale_max_tokens"]),
+               "--csv", str(work / "locust"), "--only-summary", "--stop-timeout", "30"]
         load_before = list(os.getloadavg())
         started = time.monotonic()
         run = subprocess.run(cmd, env={**os.environ, "ML_WHALE_USERS_TOTAL": str(whales)}, capture_output=True,
@@ -166,13 +188,13 @@ def main(argv=None) -> int:
             "environment": environment(), "load_average_before": load_before, "engine_config": config,
             "adapters": {n: str(p.name) for n, p in (adapters or {}).items()},
             "tenants": yaml.safe_load(tenants_yaml.read_text())["tenants"],
-            "load": {"duration_s": args.duration_s, "well_behaved_users": args.well_behaved_users,
-                     "whale_users_per_whale": args.whale_users if variant["whales"] else 0,
-                     "pacing_s": 8.0, "zipf_s": 1.1, "burst_period_s": 30.0, "whale_quota_per_minute":
-                     WHALE_QUOTA_PER_MINUTE, "max_tokens": 16, "whale_max_tokens": 32},
+            "profile": args.profile,
+            "load": {"duration_s": args.duration_s, "zipf_s": 1.1, "burst_period_s": 30.0,
+                     **{k: v for k, v in profile.items() if k != "configs"},
+                     "whale_users": profile["whale_users"] if variant["whales"] else 0},
             "elapsed_s": round(elapsed, 1), "summary": summarise(rows, args.duration_s),
             "engine_metrics": engine_metrics(engine.url), "samples": rows}
-        out = args.out or CASE_DIR / variant["out"]
+        out = args.out or CASE_DIR / variant["out"].format(profile=args.profile)
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result["summary"], indent=2))
         print("wrote", out)
