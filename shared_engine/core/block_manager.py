@@ -20,17 +20,10 @@ Prefix caching rules:
   back (`is_prefix_pending`), so requests with the same uncached prefix never compute it twice at once
   and reuse it as soon as it is complete.
 
-Session pins (`session_pins.py`): `free(request, now)` of a finished turn with a `session_id` pins its cached
-prefix blocks (one reference each) for `pin_ttl` seconds of the caller's clock; `expire_pins(now)` releases
-the expired ones, the session's next `allocate` releases its pin after taking its own references, and
-`release_oldest_pin` lets a caller with nothing running make room.
-
-KV offload (`host_kv_tier.py`, `num_host_blocks` > 0): a cached block that the pool evicts to reuse is offered to
-the host tier, and a GPU -> host copy `(gpu block, host slot)` is queued; a lookup that misses on the GPU
-continues in the host tier (`CachedPrefix.host_hashes`), and `allocate` gives each such block a new GPU block,
-registered at once, with a host -> GPU copy `(host slot, gpu block)` queued. `take_copies` hands a step's
-copies to the scheduler's output; the model runner runs them (offloads first) before that step's forward, so
-a restored block is read only after its KV is back and an evicted block is copied before it is overwritten.
+Session pins (`session_pin_ops.py`, `session_pins.py`): a finished turn of a session keeps a reference on its
+cached prefix blocks until a time-to-live ends or the session's next turn takes its own. KV offload
+(`kv_offload_plan.py`, `host_kv_tier.py`, `num_host_blocks` > 0): evicted cached blocks go to a host tier,
+a lookup that misses on the GPU continues there, and a step's copies travel in its `SchedulerOutput`.
 
 Resources follow check/commit pairs: `can_allocate` → `allocate`, then `free`. `check_integrity()`
 verifies the invariants; tests call it after every step.
@@ -38,18 +31,20 @@ verifies the invariants; tests call it after every step.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 
 from shared_engine.core.block_hash import HASH_FUNCTIONS, ROOT, BlockHash, extra_keys_for, hash_block
+from shared_engine.core.block_integrity import check_block_integrity
 from shared_engine.core.cached_prefix import CachedPrefix, num_host_hits
 from shared_engine.core.eviction import make_policy
 from shared_engine.core.host_kv_tier import HostKVTier
 from shared_engine.core.kv_offload_plan import KVOffloadPlan
 from shared_engine.core.request import Request
+from shared_engine.core.session_pin_ops import SessionPinOps
 from shared_engine.core.session_pins import SessionPins
 
 
-class BlockManager(KVOffloadPlan):
+class BlockManager(SessionPinOps, KVOffloadPlan):
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  eviction: str = "lru", hash_algo: str = "sha256", pin_ttl: float = 0.0,
                  max_pinned_blocks: int | None = None, num_host_blocks: int = 0) -> None:
@@ -153,14 +148,6 @@ class BlockManager(KVOffloadPlan):
         new = self._blocks_needed(request, num_new_tokens, num_lookahead_tokens, num_cached)
         return new + self.num_revived(cached_blocks) <= self.num_free_blocks
 
-    def can_allocate_unpinning(self, request: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
-        """`can_allocate`, releasing the oldest session pins while the pool is short (for a caller with
-        nothing running, whom pins must not stall: time might not advance until something runs)."""
-        while not self.can_allocate(request, num_new_tokens, cached_blocks=cached_blocks):
-            if not self.release_oldest_pin():
-                return False
-        return True
-
     def allocate(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0,
                  cached_blocks: list[int] = ()) -> list[int]:
         """Grow the request's block table to cover its next `num_new_tokens` tokens (after `cached_blocks`,
@@ -244,37 +231,12 @@ class BlockManager(KVOffloadPlan):
         rid = request.request_id
         table = self.block_tables.pop(rid, [])
         if now is not None and self.pins.ttl > 0 and request.session_id is not None:
-            prefix = []
-            for block in table:
-                if self._block_hash[block] is None:
-                    break
-                prefix.append(block)
-                self.ref_counts[block] += 1
-            for blocks in self.pins.add(request.session_id, now + self.pins.ttl, prefix):
-                self._drop_refs(blocks)
+            self._pin_prefix(request.session_id, table, now)
         self._drop_refs(table)
         for h in [h for h, owner in self._pending.items() if owner == rid] if self._pending else []:
             del self._pending[h]
         self._request_hashes.pop(rid, None)
         self._num_registered.pop(rid, None)
-
-    def expire_pins(self, now: float | None) -> None:
-        """Release the session pins whose time-to-live ended at or before `now` (the caller's clock; None:
-        no clock, nothing expires)."""
-        if self.pins and now is not None:
-            for blocks in self.pins.pop_expired(now):
-                self._drop_refs(blocks)
-
-    def release_oldest_pin(self) -> bool:
-        """Release the oldest session pin (its blocks become evictable); False when there is none."""
-        blocks = self.pins.pop_oldest()
-        if blocks is not None:
-            self._drop_refs(blocks)
-        return blocks is not None
-
-    @property
-    def num_pinned_blocks(self) -> int:
-        return self.pins.num_blocks
 
     def reset_prefix_cache(self) -> None:
         """Forget every evictable cached block and the host tier (e.g. after a weight or adapter change);
@@ -347,26 +309,6 @@ class BlockManager(KVOffloadPlan):
 
     # ---- invariants ----------------------------------------------------------------------------------
     def check_integrity(self) -> None:
-        """Raise `AssertionError` unless: each block's reference count equals the number of block tables
-        holding it; every unreferenced block is in exactly one of the free pool (no cached KV) and the
-        evictable set (cached KV); the hash index and the blocks' hashes agree."""
-        held = Counter(block for table in self.block_tables.values() for block in table)
-        held.update(self.pins.blocks())
-        free = Counter(self._free)
-        assert all(c == 1 for c in free.values()), "a block is in the free pool twice"
-        for block in range(self.num_blocks):
-            refs = self.ref_counts[block]
-            assert refs == held.get(block, 0), f"block {block}: ref_count {refs} != holders {held.get(block, 0)}"
-            in_free, in_evictable = block in free, block in self._evictable
-            assert not (in_free and in_evictable), f"block {block} is both free and evictable"
-            assert (refs == 0) == (in_free or in_evictable), f"block {block}: ref_count {refs}, free={in_free}"
-            assert not in_free or self._block_hash[block] is None, f"free block {block} still has a hash"
-            assert not in_evictable or self._block_hash[block] is not None, f"evictable block {block} has no hash"
-            h = self._block_hash[block]
-            assert h is None or self._cached.get(h) == block, f"block {block}: hash index disagrees"
-        assert len(self._cached) == sum(h is not None for h in self._block_hash), "stale hash index entries"
-        assert len(free) + len(self._evictable) == self.ref_counts.count(0)
-        for request_id, table in self.block_tables.items():
-            assert len(set(table)) == len(table), f"{request_id}: a block appears twice in its table"
-        if self.host is not None:
-            self.host.check_integrity()
+        """Raise `AssertionError` unless the pool's invariants hold (`block_integrity.py`); tests call it
+        after every step."""
+        check_block_integrity(self)
