@@ -65,6 +65,7 @@ def check_paged_attention_args(
 ) -> tuple[int, int]:
     """Shared checks of the paged attention launchers; returns (block_size, num_kv_heads).
 
+    The caches hold q's dtype, or both float8_e4m3fn (an FP8 KV cache, read with per-tensor scales).
     Raises ValueError on mismatched cache shapes or dtypes, a GQA ratio that is not an integer, or a
     head_dim / block_size that is not a power of two (head_dim >= 16)."""
     _, num_q_heads, head_dim = q.shape
@@ -73,8 +74,9 @@ def check_paged_attention_args(
     check_shape("v_cache", v_cache, tuple(k_cache.shape))
     if block_tables.shape[0] != num_seqs:
         raise ValueError(f"block_tables must have {num_seqs} rows, got shape {tuple(block_tables.shape)}")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
+        raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype} (the "
+                         f"caches hold q's dtype, or both float8_e4m3fn: an FP8 KV cache)")
     if num_q_heads % num_kv_heads != 0:
         raise ValueError(f"num_q_heads={num_q_heads} is not a multiple of num_kv_heads={num_kv_heads}")
     if head_dim < 16 or not is_power_of_two(head_dim):

@@ -5,7 +5,8 @@ that share that kv head (GQA), so every K/V byte is read from memory once. With 
 second kernel merges the per-split partial outputs through their log-sum-exp, one program per (sequence,
 query head, 32 of head_dim). At small batch and long context (batch 1-4 x 8 kv heads at 16k-128k tokens on
 132 SMs) the heuristic splits into about 8 programs per SM (`choose_num_splits`). The grid depends only on
-shapes and python ints, so the launcher is safe to capture in a CUDA graph.
+shapes and python ints, so the launcher is safe to capture in a CUDA graph. An FP8 (e4m3) cache is read with
+per-tensor `k_scale` / `v_scale` (kernels/fp8.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from kernels._checks import (
     device_num_sms,
 )
 from kernels._jit import serving_jit
+from kernels.fp8 import KV_CACHE_DTYPES, check_scale, read_cache
 
 
 def gather_paged_kv(
@@ -46,15 +48,18 @@ def paged_decode_attention_ref(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
     context_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_seqs, num_q_heads, head_dim], q.dtype
-    """Pure-torch reference: gather each sequence's K/V, softmax attention in fp32."""
+    """Pure-torch reference: gather each sequence's K/V (an FP8 cache dequantised with k_scale / v_scale),
+    softmax attention in fp32."""
     num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
     out = torch.empty_like(q)
     for s in range(q.shape[0]):
         n = int(context_lens[s])
-        k = gather_paged_kv(k_cache, block_tables[s], n).float().repeat_interleave(group, dim=1)
-        v = gather_paged_kv(v_cache, block_tables[s], n).float().repeat_interleave(group, dim=1)
+        k = read_cache(gather_paged_kv(k_cache, block_tables[s], n), k_scale).repeat_interleave(group, dim=1)
+        v = read_cache(gather_paged_kv(v_cache, block_tables[s], n), v_scale).repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[s].float(), k) * scale  # [num_q_heads, n]
         out[s] = torch.einsum("hn,nhd->hd", scores.softmax(dim=-1), v).to(q.dtype)
     return out
@@ -66,7 +71,8 @@ def attend_paged_kv(
     stride_cb, stride_ct, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax (base 2) update of rows `q` [ROWS, HEAD_DIM] over KV positions [start, end), read
-    through the block ids at `table_ptr` (one per BLOCK_SIZE tokens). Returns (m_i, l_i, acc)."""
+    through the block ids at `table_ptr` (one per BLOCK_SIZE tokens). K/V are cast to q's dtype (an FP8
+    cache: exact; its scales are the caller's, in qk_scale and on the output). Returns (m_i, l_i, acc)."""
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
@@ -75,14 +81,14 @@ def attend_paged_kv(
         block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         tok_off = block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + head_off  # [BLOCK_N]
         kv_off = tok_off[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
-        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * qk_scale  # [ROWS, BLOCK_N]
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     return m_i, l_i, acc
@@ -92,7 +98,7 @@ def attend_paged_kv(
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    scale, num_splits,
+    scale, v_scale, num_splits,
     stride_qs, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_os, stride_oh,
     QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT_OUT: tl.constexpr,
@@ -126,7 +132,7 @@ def _decode_split_kernel(
     )  # fmt: skip
 
     has_tokens = l_i > 0
-    out = acc / tl.where(has_tokens, l_i, 1.0)[:, None]  # empty split or context: zeros, never NaN
+    out = acc / tl.where(has_tokens, l_i, 1.0)[:, None] * v_scale  # empty split or context: zeros, never NaN
     if DIRECT_OUT:
         o_ptrs = out_ptr + seq * stride_os + q_heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
@@ -228,20 +234,25 @@ def paged_decode_attention(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_seqs, num_q_heads, head_dim], q.dtype
     """Attention of one query token per sequence over `context_lens[s]` cached tokens (tokens 0..n-1).
 
-    q, k_cache, v_cache share a dtype (fp16, bf16 or fp32); head_dim is a power of two >= 16 and
-    block_size a power of two >= 1. `scale` multiplies q.k (usually head_dim ** -0.5). `num_splits`
+    q, k_cache, v_cache share a dtype (fp16, bf16 or fp32), or the caches are float8_e4m3fn (an FP8 KV
+    cache, values times `k_scale` / `v_scale`: positive python floats, 1.0 otherwise); head_dim is a power
+    of two >= 16 and block_size a power of two >= 1. `scale` multiplies q.k (usually head_dim ** -0.5). `num_splits`
     overrides the split-K heuristic, which uses `max_context_len` (tokens, a python int; default
     max_blocks_per_seq * block_size). No host syncs: safe under CUDA graph capture.
     Raises ValueError on bad shapes, dtypes or layouts.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES)
-    check_tensor("k_cache", k_cache, 4, FLOAT_DTYPES, contiguous=True)
-    check_tensor("v_cache", v_cache, 4, FLOAT_DTYPES, contiguous=True)
+    check_tensor("k_cache", k_cache, 4, KV_CACHE_DTYPES, contiguous=True)
+    check_tensor("v_cache", v_cache, 4, KV_CACHE_DTYPES, contiguous=True)
     check_tensor("block_tables", block_tables, 2, (torch.int32,))
     check_tensor("context_lens", context_lens, 1, (torch.int32,))
+    check_scale("k_scale", k_scale)
+    check_scale("v_scale", v_scale)
     check_same_device(
         q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens
     )
@@ -273,7 +284,7 @@ def paged_decode_attention(
         part_lse = torch.empty(num_seqs, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-        float(scale), num_splits,
+        float(scale) * k_scale, float(v_scale), num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         QUERIES_PER_KV=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,

@@ -8,7 +8,8 @@ A program handles BLOCK_M query tokens of one sequence and one query head (grid:
 heads); with GQA each K/V tile is loaded by every query head of its group. Packing a group's query heads
 into one program's rows (one K/V load per group) was measured on the H200 at most 3% faster, on 4 x 2,048
 tokens and on the RAG case's 450-token chunk (benchmarks/results/kernels_h200_add5b01.json; the code is in
-commit add5b01), and was removed.
+commit add5b01), and was removed. An FP8 (e4m3) cache is read with per-tensor `k_scale` / `v_scale`
+(kernels/fp8.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_paged_attention_args, check_same_device, check_shape, check_tensor
 from kernels._jit import serving_jit
+from kernels.fp8 import KV_CACHE_DTYPES, check_scale, read_cache
 from kernels.paged_decode_attention import gather_paged_kv
 
 
@@ -30,14 +32,17 @@ def paged_prefill_attention_ref(
     cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
     context_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
-    """Pure-torch reference: gather each sequence's K/V, causal softmax attention in fp32."""
+    """Pure-torch reference: gather each sequence's K/V (an FP8 cache dequantised with k_scale / v_scale),
+    causal softmax attention in fp32."""
     group = q.shape[1] // k_cache.shape[2]
     out = torch.empty_like(q)
     for b in range(context_lens.shape[0]):
         q0, q1, n = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]), int(context_lens[b])
-        k = gather_paged_kv(k_cache, block_tables[b], n).float().repeat_interleave(group, dim=1)
-        v = gather_paged_kv(v_cache, block_tables[b], n).float().repeat_interleave(group, dim=1)
+        k = read_cache(gather_paged_kv(k_cache, block_tables[b], n), k_scale).repeat_interleave(group, dim=1)
+        v = read_cache(gather_paged_kv(v_cache, block_tables[b], n), v_scale).repeat_interleave(group, dim=1)
         scores = torch.einsum("thd,nhd->htn", q[q0:q1].float(), k) * scale  # [heads, q_len, n]
         q_pos = torch.arange(n - (q1 - q0), n, device=q.device)
         causal = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]  # [q_len, n]
@@ -61,7 +66,7 @@ def _attend_kv_range(
         valid = pos < kv_end
         block = tl.load(bt_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         kv_off = (block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + head_off)[:, None] + offs_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)  # FP8 cache: exact cast
         s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N]
         if CAUSAL_MASK:
             s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
@@ -69,7 +74,7 @@ def _attend_kv_range(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     return m_i, l_i, acc
@@ -79,7 +84,7 @@ def _attend_kv_range(
                                             "out_ptr"))
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
-    scale, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_ot, stride_oh,
+    scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_ot, stride_oh,
     QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
@@ -116,7 +121,7 @@ def _prefill_kernel(
         q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, q_pos, full_end, kv_end, qk_scale,
         stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True,
     )  # fmt: skip
-    out = acc / l_i[:, None]
+    out = acc / l_i[:, None] * v_scale
     o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
 
@@ -135,17 +140,22 @@ def paged_prefill_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
     """Causal varlen attention of new query tokens over the paged cache (see the module docstring).
 
     `max_seqlen_q` (a python int, tokens) bounds every q_len_b and sizes the grid, so no host sync is
     needed. Requires context_lens[b] >= q_len_b. head_dim: power of two >= 16. `scale` multiplies q.k.
-    `block_m` (power of two >= 16) counts a program's query tokens. Launches without host syncs.
+    `block_m` (power of two >= 16) counts a program's query tokens. The caches hold q's dtype or are
+    float8_e4m3fn (an FP8 KV cache, values times `k_scale` / `v_scale`). Launches without host syncs.
     Raises ValueError on bad shapes, dtypes, layouts or block_m.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES)
-    check_tensor("k_cache", k_cache, 4, FLOAT_DTYPES, contiguous=True)
-    check_tensor("v_cache", v_cache, 4, FLOAT_DTYPES, contiguous=True)
+    check_tensor("k_cache", k_cache, 4, KV_CACHE_DTYPES, contiguous=True)
+    check_tensor("v_cache", v_cache, 4, KV_CACHE_DTYPES, contiguous=True)
+    check_scale("k_scale", k_scale)
+    check_scale("v_scale", v_scale)
     check_tensor("block_tables", block_tables, 2, (torch.int32,))
     check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,))
     check_tensor("context_lens", context_lens, 1, (torch.int32,))
@@ -167,7 +177,8 @@ def paged_prefill_attention(
     group = num_q_heads // num_kv_heads
     _prefill_kernel[(triton.cdiv(max_seqlen_q, block_m), num_seqs, num_q_heads)](
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
-        float(scale), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        float(scale) * k_scale, float(v_scale), q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         QUERIES_PER_KV=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,

@@ -13,7 +13,8 @@ per sequence. Here the prefix is read once per kv head for the whole batch:
 3. reduce: the partials of both phases merge through their log-sum-exp.
 
 `prefix_len` is a device tensor and every grid depends only on shapes and python ints, so one CUDA graph
-capture serves every prefix length. The result equals paged_decode_attention over each whole context.
+capture serves every prefix length. The result equals paged_decode_attention over each whole context (an FP8
+cache too, with the same `k_scale` / `v_scale`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from kernels._checks import (
     device_num_sms,
 )
 from kernels._jit import serving_jit
+from kernels.fp8 import KV_CACHE_DTYPES, check_scale
 from kernels.paged_decode_attention import (
     attend_paged_kv,
     choose_num_splits,
@@ -52,6 +54,8 @@ def shared_prefix_decode_attention_ref(
     prefix_blocks: torch.Tensor,  # [max_prefix_blocks] int32
     prefix_len: torch.Tensor,  # [] or [1] int32, tokens
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_seqs, num_q_heads, head_dim], q.dtype
     """Pure-torch reference: checks the shared-prefix contract (host syncs), then ordinary decode attention.
 
@@ -68,13 +72,13 @@ def shared_prefix_decode_attention_ref(
     nb = n // block_size
     if not torch.equal(block_tables[:, :nb].cpu(), prefix_blocks[:nb].cpu().expand(q.shape[0], nb)):
         raise ValueError(f"block_tables[:, :{nb}] must equal prefix_blocks[:{nb}] for every sequence")
-    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale)
 
 
 @serving_jit(ints=("num_rows", "total_splits"))
 def _prefix_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, prefix_blocks_ptr, prefix_len_ptr, part_out_ptr, part_lse_ptr,
-    scale, num_rows, total_splits,
+    scale, v_scale, num_rows, total_splits,
     stride_qs, stride_qh, stride_cb, stride_ct, stride_ch,
     QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -111,7 +115,7 @@ def _prefix_split_kernel(
     )  # fmt: skip
 
     has_tokens = l_i > 0
-    out = acc / tl.where(has_tokens, l_i, 1.0)[:, None]  # empty split: zeros, never NaN
+    out = acc / tl.where(has_tokens, l_i, 1.0)[:, None] * v_scale  # empty split: zeros, never NaN
     lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
     num_q_heads = tl.num_programs(1) * QUERIES_PER_KV
     row = (seq * num_q_heads + q_heads) * total_splits + split  # prefix splits come first in each row
@@ -123,7 +127,7 @@ def _prefix_split_kernel(
 def _suffix_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, prefix_len_ptr,
     part_out_ptr, part_lse_ptr,
-    scale, num_prefix_splits, total_splits,
+    scale, v_scale, num_prefix_splits, total_splits,
     stride_qs, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts,
     QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -159,7 +163,7 @@ def _suffix_split_kernel(
     )  # fmt: skip
 
     has_tokens = l_i > 0
-    out = acc / tl.where(has_tokens, l_i, 1.0)[:, None]
+    out = acc / tl.where(has_tokens, l_i, 1.0)[:, None] * v_scale
     lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
     num_q_heads = tl.num_programs(1) * QUERIES_PER_KV
     row = (seq * num_q_heads + q_heads) * total_splits + num_prefix_splits + split  # [GROUP_PAD]
@@ -221,6 +225,8 @@ def shared_prefix_decode_attention(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_seqs, num_q_heads, head_dim], q.dtype
     """Decode attention of one query token per sequence over `context_lens[s]` cached tokens, where the first
     `prefix_len` tokens of every sequence are the shared blocks `prefix_blocks[:prefix_len // block_size]`.
@@ -230,8 +236,9 @@ def shared_prefix_decode_attention(
     block_tables[s, :prefix_len // block_size] == prefix_blocks[:prefix_len // block_size] for every s.
     The result then equals paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale).
 
-    q, k_cache, v_cache share a dtype (fp16, bf16 or fp32); head_dim is a power of two >= 16, block_size a
-    power of two. `max_prefix_len` (tokens, python int, default len(prefix_blocks) * block_size) and
+    q, k_cache, v_cache share a dtype (fp16, bf16 or fp32), or the caches are float8_e4m3fn (an FP8 KV cache,
+    values times `k_scale` / `v_scale`); head_dim is a power of two >= 16, block_size a power of two.
+    `max_prefix_len` (tokens, python int, default len(prefix_blocks) * block_size) and
     `max_context_len` (tokens, default max_blocks_per_seq * block_size) only size the grids through the split
     heuristics; a larger prefix_len is still correct. `num_prefix_splits` / `num_suffix_splits` override the
     heuristics; `block_m` is the number of (sequence, query head) rows per prefix program. No host syncs: the
@@ -239,8 +246,10 @@ def shared_prefix_decode_attention(
     Raises ValueError on bad shapes, dtypes, devices or layouts.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES)
-    check_tensor("k_cache", k_cache, 4, FLOAT_DTYPES, contiguous=True)
-    check_tensor("v_cache", v_cache, 4, FLOAT_DTYPES, contiguous=True)
+    check_tensor("k_cache", k_cache, 4, KV_CACHE_DTYPES, contiguous=True)
+    check_tensor("v_cache", v_cache, 4, KV_CACHE_DTYPES, contiguous=True)
+    check_scale("k_scale", k_scale)
+    check_scale("v_scale", v_scale)
     check_tensor("block_tables", block_tables, 2, (torch.int32,))
     check_tensor("context_lens", context_lens, 1, (torch.int32,))
     check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens)
@@ -281,13 +290,13 @@ def shared_prefix_decode_attention(
     common = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
     _prefix_split_kernel[(num_m_tiles, num_kv_heads, num_prefix_splits)](
         q, k_cache, v_cache, prefix_blocks, prefix_len, part_out, part_lse,
-        float(scale), num_rows, total, *common,
+        float(scale) * k_scale, float(v_scale), num_rows, total, *common,
         QUERIES_PER_KV=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     _suffix_split_kernel[(num_seqs, num_kv_heads, num_suffix_splits)](
         q, k_cache, v_cache, block_tables, context_lens, prefix_len, part_out, part_lse,
-        float(scale), num_prefix_splits, total, *common, block_tables.stride(0),
+        float(scale) * k_scale, float(v_scale), num_prefix_splits, total, *common, block_tables.stride(0),
         QUERIES_PER_KV=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
