@@ -149,28 +149,29 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_TILE: tl.constexpr,
 ):  # fmt: skip
     """One program per (sequence, query head, BLOCK_D slice of head_dim): at batch 1 with 32 query heads and
-    head_dim 128 that is 128 programs, most of the 132 SMs, where one program per head used 32. The splits
-    are read SPLITS_TILE at a time (a runtime loop: any split count, one compile)."""
+    head_dim 128 that is 128 programs, most of the 132 SMs, where one program per head used 32. One pass over
+    the splits, SPLITS_TILE at a time with an online log-sum-exp (a single tile up to MAX_SPLITS: the partial
+    outputs and their lse are loaded together, one round of loads; any split count, one compile)."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     row0 = (seq * tl.num_programs(1) + head) * num_splits
     offs_s = tl.arange(0, SPLITS_TILE)
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    m = tl.max(tl.full([SPLITS_TILE], float("-inf"), dtype=tl.float32), 0)
-    for s0 in range(0, num_splits, SPLITS_TILE):  # pass 1: the largest partial log-sum-exp (log2 domain)
-        lse = tl.load(part_lse_ptr + row0 + s0 + offs_s, mask=s0 + offs_s < num_splits, other=float("-inf"))
-        m = tl.maximum(m, tl.max(lse, 0))
-    m = tl.where(m == float("-inf"), 0.0, m)
+    m = tl.max(tl.full([SPLITS_TILE], float("-inf"), dtype=tl.float32), 0)  # running max lse (log2 domain)
     total = tl.sum(tl.zeros([SPLITS_TILE], dtype=tl.float32), 0)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for s0 in range(0, num_splits, SPLITS_TILE):  # pass 2: partial outputs weighted by exp2(lse - m)
+    for s0 in range(0, num_splits, SPLITS_TILE):
         s_mask = s0 + offs_s < num_splits
         lse = tl.load(part_lse_ptr + row0 + s0 + offs_s, mask=s_mask, other=float("-inf"))
-        w = tl.exp2(lse - m)  # [SPLITS_TILE], 0 for empty splits
         part = tl.load(part_out_ptr + (row0 + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
                        mask=s_mask[:, None], other=0.0)
-        acc += tl.sum(part * w[:, None], 0)
-        total += tl.sum(w, 0)
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # every split so far empty: weights 0, not NaN
+        rescale = tl.exp2(m - m_ref)
+        w = tl.exp2(lse - m_ref)  # [SPLITS_TILE], 0 for empty splits
+        acc = acc * rescale + tl.sum(part * w[:, None], 0)
+        total = total * rescale + tl.sum(w, 0)
+        m = m_new
     out = acc / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
 
@@ -186,7 +187,7 @@ def reduce_splits(
     block_d = min(head_dim, 32)
     _decode_reduce_kernel[(num_seqs, num_q_heads, head_dim // block_d)](
         part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS_TILE=64, num_warps=4,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS_TILE=MAX_SPLITS, num_warps=4,
     )  # fmt: skip
 
 

@@ -2,7 +2,8 @@
 KV shapes (32 layers, 8 kv heads, head_dim 128, block size 16, bf16: 2 MiB per block), offloading 2,048 blocks
 (4 GiB) GPU -> pinned host and restoring them into other GPU blocks, timed with CUDA events on the compute
 stream (so the figure includes the side stream's ordering), and checked bit-identical. The capacity model
-assumes 50 GB/s each way (`shared_engine/sim/simulator.py`, `GPU_HOST_LINK_BANDWIDTH`); this measures it.
+prices copies at this benchmark's H200 figures (`shared_engine/sim/simulator.py`, `GPU_OFFLOAD_BANDWIDTH`,
+`GPU_RESTORE_BANDWIDTH`).
 
 Usage: python scripts/bench_kv_offload.py --out benchmarks/results/kv_offload_h200.json
 (about 30 s on an H200: 8 GiB of device KV, 4 GiB pinned, 3 timed rounds each way).

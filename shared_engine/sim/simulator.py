@@ -33,11 +33,14 @@ from shared_engine.sim.step_time import StepShape, StepTimeModel
 from shared_engine.sim.workload import RequestSpec, WorkloadGenerator
 from shared_engine.sim.workload_spec import WorkloadSpec
 
-# KV offload copies (`kv_offload_size`) cost bytes / this per block each way on a GPU: PCIe Gen5 x16 (64 GB/s per
-# direction) at ~80% for pinned copies, an assumption not yet measured here; on a CPU a copy is a memcpy at
-# half the achieved memory bandwidth (read + write). The copies are priced as added to the step (the forward
-# waits for them, model_executor/kv_offloader.py).
-GPU_HOST_LINK_BANDWIDTH = 50e9  # bytes/s
+# KV offload copies (`kv_offload_size`) cost a block's bytes over the host link, each way at its own rate on a
+# GPU: measured on the H200 through the engine's offloader (pinned host memory, side stream, llama-3.1-8b's
+# 2 MiB blocks, 4 GiB each way): 37.3 GB/s GPU -> host, 42.4 GB/s host -> GPU
+# (benchmarks/results/kv_offload_h200_284c523.json, scripts/bench_kv_offload.py). On a CPU a copy is a
+# memcpy at half the achieved memory bandwidth (read + write; an assumption). The copies are priced as added
+# to the step (the forward waits for them, model_executor/kv_offloader.py).
+GPU_OFFLOAD_BANDWIDTH = 37.3e9  # bytes/s, GPU -> host
+GPU_RESTORE_BANDWIDTH = 42.4e9  # bytes/s, host -> GPU
 
 DUMMY_TOKEN_ID = 0
 _DUMMY_TOKENS = (DUMMY_TOKEN_ID,)  # one sampled token per row (the scheduler takes a sequence)
@@ -81,8 +84,10 @@ class Simulator:
         self.num_blocks = num_kv_blocks(self.config, bytes_per_block, self.free_kv_bytes())
         check_fits(self.num_blocks, self.config.cache.block_size, self.max_model_len)
         self.num_host_blocks = self.config.cache.num_host_blocks(bytes_per_block)
-        link = GPU_HOST_LINK_BANDWIDTH if hardware.kind != "cpu" else hardware.achieved_bandwidth / 2
-        self.host_copy_s_per_block = bytes_per_block / link
+        gpu = hardware.kind != "cpu"
+        memcpy = hardware.achieved_bandwidth / 2
+        self.offload_s_per_block = bytes_per_block / (GPU_OFFLOAD_BANDWIDTH if gpu else memcpy)
+        self.restore_s_per_block = bytes_per_block / (GPU_RESTORE_BANDWIDTH if gpu else memcpy)
 
     def free_kv_bytes(self) -> int | None:
         """GPU: device memory * gpu_memory_utilization - weights - peak activations at the token budget (as
@@ -165,7 +170,8 @@ class Simulator:
             num_tokens = out.num_batched_tokens
             step_s = seconds(len(out.scheduled), num_tokens, len(sampled), starts + num_tokens, pairs)
             if out.kv_offloads or out.kv_restores:
-                copy_s = (len(out.kv_offloads) + len(out.kv_restores)) * self.host_copy_s_per_block
+                copy_s = (len(out.kv_offloads) * self.offload_s_per_block
+                          + len(out.kv_restores) * self.restore_s_per_block)
                 metrics.host_copy_s += copy_s
                 step_s += copy_s
             now += step_s

@@ -18,7 +18,8 @@ CASES = [
     ([129, 31], 4, 1, 32, 32, 1),  # MQA, head_dim 32
     ([3], 2, 2, 16, 16, 8),  # more splits than tokens: empty splits must not produce NaN
     ([700, 1], 8, 2, 64, 16, 130),  # more splits than one reduce tile (64): most of them empty
-    ([1000], 4, 1, 128, 16, 200),  # 200 splits of 64 tokens over 4 reduce tiles (16 non-empty)
+    ([1000], 4, 1, 128, 16, 200),  # 200 splits, 16 of them non-empty
+    ([16500, 3], 4, 1, 32, 16, 300),  # past one reduce tile (256): 258 non-empty splits, the online rescale
 ]
 
 
