@@ -7,7 +7,8 @@
 #      offloader's side stream, GB/s each way (the capacity model assumes 50), bit-identical check;
 #   4. tests/engine/test_kv_offload.py on CUDA (bf16, CUDA graphs, async scheduling): restored KV bit-identical,
 #      greedy output equal to a GPU prefix hit, counters.
-# Each step has its own time limit. Estimate on one H200, cold Triton cache: ~30 + ~30 + ~30 + ~70 s.
+# Each step has its own time limit. Estimate on one H200, cold Triton cache: ~30 + ~30 + ~30 + ~70 s
+# (SWEEP=1: step 2 also sweeps splits x BLOCK_N x stages x warps at batch 1, about 60 s more).
 #   GIT_COMMIT=<sha> scripts/gpu_long_context_check.sh OUTDIR      (the device copy has no .git)
 set -uo pipefail
 OUT=${1:?usage: gpu_long_context_check.sh OUTDIR}
@@ -25,7 +26,8 @@ timeout 90 $PY -m pytest tests/kernels/test_paged_decode_attention.py -q -p no:c
   | tee "$OUT/decode_kernel_tests_${COMMIT}.log"
 
 step "decode at small batch, long context (CUDA graphs)"
-timeout 90 $PY scripts/bench_decode_long.py --out "$OUT/decode_long_h200_${COMMIT}.json" 2>&1 | tail -16 \
+timeout 240 $PY scripts/bench_decode_long.py ${SWEEP:+--sweep} --out "$OUT/decode_long_h200_${COMMIT}.json" 2>&1 \
+  | grep -v '^{' | tail -18 \
   | tee "$OUT/bench_decode_long_${COMMIT}.log"
 
 step "KV offload copies (llama-3.1-8b blocks, pinned host)"
