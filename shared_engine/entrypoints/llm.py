@@ -142,12 +142,13 @@ def engine_check(engine: LLMEngine, ids: list[int], params: SamplingParams) -> N
 
 
 def engine_check_lora(engine: LLMEngine, lora: LoRARequest) -> None:
-    """Raise `ValueError` (`LoRAValidationError`) for an adapter the engine could not load."""
-    if getattr(engine.runner, "lora", None) is None:
+    """Raise `ValueError` (`LoRAValidationError`) for an adapter the engine could not load. The adapter is
+    read into the engine's CPU cache (`LoRAManager.preload`), so the requests' `acquire` finds it there and
+    a cached adapter is not read from disk again at every `generate`."""
+    manager = getattr(engine.runner, "lora", None)
+    if manager is None:
         raise ValueError(f"adapter {lora.lora_name!r} requested but LoRA is not enabled (enable_lora)")
-    from shared_engine.lora.lora_manager import load_checked
-
-    load_checked(lora, engine.source.arch, engine.config.lora)
+    manager.preload(lora)
 
 
 def _loras_for(batch: list, lora_request) -> list:

@@ -60,6 +60,7 @@ class LoRAManager:
         self._slot_names: list[str | None] = [None] * config.max_loras  # slot → adapter name
         self._slot_lru: OrderedDict[str, int] = OrderedDict()  # cache_key → slot, LRU first
         self.num_slot_loads = 0
+        self.num_disk_loads = 0  # adapters read from disk into the CPU cache
         self.slot_load_seconds = 0.0  # host time spent writing slots (includes the copies on the CPU)
 
     # ---- CPU cache -----------------------------------------------------------------------------------
@@ -69,13 +70,31 @@ class LoRAManager:
         Raises:
             LoRAValidationError: the adapter cannot be loaded (nothing is recorded then).
         """
-        key = lora_request.cache_key
-        if key not in self._cpu:
-            self._cpu[key] = load_checked(lora_request, self.arch, self.config)
-        self._cpu.move_to_end(key)
+        key = self._cache(lora_request)
         self._users[request_id] = key
         self._refs[key] += 1
         self._trim()
+
+    def preload(self, lora_request: LoRARequest) -> None:
+        """Validate an adapter and keep it in the CPU cache, reading its files only if it is not cached
+        (the offline API's check before it queues a batch: a batch's adapters are then read from disk at
+        most once, and not at all when cached). No reference is taken: an adapter no request acquires
+        leaves the cache least recently used first. A cached adapter is not read again, as `acquire`
+        does not: it was validated when it was read.
+
+        Raises:
+            LoRAValidationError: the adapter cannot be loaded (nothing is cached then).
+        """
+        self._cache(lora_request)
+        self._trim()
+
+    def _cache(self, lora_request: LoRARequest) -> str:
+        key = lora_request.cache_key
+        if key not in self._cpu:
+            self._cpu[key] = load_checked(lora_request, self.arch, self.config)
+            self.num_disk_loads += 1
+        self._cpu.move_to_end(key)
+        return key
 
     def release(self, request_id: str) -> None:
         """The request finished or was aborted: its adapter may leave the CPU cache (ids not acquired are

@@ -99,6 +99,27 @@ def test_reload_under_same_name_follows_new_weights(llm, adapter_dirs, prompts, 
     check_idle(llm)
 
 
+def test_generate_reads_each_adapter_from_disk_once(llm, adapter_dirs, prompts, references, monkeypatch):
+    """The offline check before a batch reads a new adapter into the CPU cache (not once for the check and
+    again for the requests) and does not read a cached one again: before, every `generate` re-read and
+    re-validated each of its adapters from disk (bench_lora's timed runs: 30 adapters per call)."""
+    import shared_engine.lora.lora_manager as lora_manager
+
+    reads = []
+    real = lora_manager.load_adapter
+    monkeypatch.setattr(lora_manager, "load_adapter", lambda name, *a: reads.append(name) or real(name, *a))
+    manager = llm.engine.runner.lora
+    loras = [lora(adapter_dirs, "qv8", 51), lora(adapter_dirs, "mlp4", 52)]  # new ids: not cached yet
+    for expected in (["mlp4", "qv8"], []):
+        reads.clear()
+        before = manager.num_disk_loads
+        outs = llm.generate([prompts[0]] * 2, GREEDY, use_tqdm=False, lora_request=loras)
+        assert sorted(reads) == expected  # one read each (set order)
+        assert manager.num_disk_loads - before == len(expected)
+        assert [o.outputs[0].token_ids for o in outs] == [references["qv8"][0], references["mlp4"][0]]
+    check_idle(llm)
+
+
 def test_bad_adapter_refused_before_anything_runs(llm, tmp_path, prompts, references):
     with pytest.raises(ValueError, match="no adapter_config.json|does not exist"):
         llm.generate([prompts[0]], GREEDY, use_tqdm=False, lora_request=LoRARequest("gone", 40, str(tmp_path)))
