@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from shared_engine.config.validation import check_choice, check_range
 
 BLOCK_SIZES = {1, 2, 4, 8, 16, 32, 64, 128}
+KV_CACHE_DTYPES = {"auto", "fp8", "fp8_e4m3"}  # vLLM's names; fp8 = fp8_e4m3 (float8_e4m3fn)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,11 @@ class CacheConfig:
     KV offload (core/host_kv_tier.py, model_executor/kv_offloader.py): `kv_offload_size` GiB of host memory
     (pinned on CUDA; per tensor-parallel rank) keep cached prefix blocks evicted from the GPU pool, copied
     back on a prefix hit instead of recomputed (0: off). Needs prefix caching.
+
+    `kv_cache_dtype` (vLLM's flag): "auto" stores K/V in the model's dtype; "fp8" (= "fp8_e4m3") in
+    float8_e4m3fn, one byte per element, so the same memory holds twice the bf16 tokens (four times fp32's).
+    Each layer has a K and a V scale (cached = fp8(clamp(x / scale, +-448))), 1.0: vLLM's default when the
+    checkpoint brings no scales (kernels/fp8.py gives the rounding error).
     """
 
     block_size: int = 16
@@ -37,6 +43,7 @@ class CacheConfig:
     session_pin_ttl: float = 0.0
     max_pinned_blocks: int | None = None
     kv_offload_size: float = 0.0
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         check_choice("block_size", self.block_size, BLOCK_SIZES)
@@ -48,8 +55,13 @@ class CacheConfig:
         check_range("session_pin_ttl", self.session_pin_ttl, 0.0, 86400.0)
         check_range("max_pinned_blocks", self.max_pinned_blocks, 0, allow_none=True)
         check_range("kv_offload_size", self.kv_offload_size, 0.0, 4096.0)
+        check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         if self.kv_offload_size > 0 and not self.enable_prefix_caching:
             raise ValueError("kv_offload_size needs enable_prefix_caching (the host tier keeps prefix-cache blocks)")
+
+    @property
+    def fp8_kv_cache(self) -> bool:
+        return self.kv_cache_dtype != "auto"
 
     def num_host_blocks(self, bytes_per_block: int) -> int:
         """Blocks in the KV offload tier: `kv_offload_size` GiB over one block's bytes (the busiest rank's);

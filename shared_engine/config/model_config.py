@@ -8,6 +8,7 @@ from shared_engine.config.validation import check_choice, check_range
 
 DTYPES = {"auto", "float32", "bfloat16", "float16"}
 LOAD_FORMATS = {"auto", "safetensors", "dummy"}
+QUANTIZATIONS = {None, "fp8"}
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,10 @@ class ModelConfig:
     `disable_cascade_attn` (vLLM's name) turns off cascade decode attention, which on CUDA reads the block
     prefix that a step's decodes share (a prefix-cached system prompt) once for the whole batch; the CPU path
     never uses it.
+    `quantization="fp8"` (vLLM's `--quantization fp8`, online): the decoder's linear layers are quantised at
+    load to float8_e4m3fn with one scale per output channel, activations per token at run time, the matmul
+    on FP8 tensor cores (`torch._scaled_mm`; CUDA, compute capability >= 8.9); embeddings, norms and the
+    LM head stay in `dtype`. The CPU path refuses it (model_executor/layers/fp8_linear.py).
     """
 
     model: str | None = None
@@ -32,6 +37,7 @@ class ModelConfig:
     served_model_name: str | None = None
     max_logprobs: int = 20
     disable_cascade_attn: bool = False
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         check_choice("dtype", self.dtype, DTYPES)
@@ -39,3 +45,5 @@ class ModelConfig:
         check_range("max_model_len", self.max_model_len, 1, allow_none=True)
         check_range("seed", self.seed, 0)
         check_range("max_logprobs", self.max_logprobs, 0, 1024)
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of ['fp8'] or None, got {self.quantization!r}")

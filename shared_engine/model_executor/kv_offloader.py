@@ -82,7 +82,9 @@ class KVOffloader:
             self.staging[row:row + length].copy_(self.host[slot:slot + length], non_blocking=True)
         blocks = torch.tensor([b for _, b in pairs], dtype=torch.long).to(self.device, non_blocking=True)
         for layer, cache in enumerate(self.kv_caches):
-            cache.index_copy_(1, blocks, self.staging[:n, layer].transpose(0, 1))
+            # an FP8 cache through uint8 views (the CPU has no fp8 index_copy_; the bytes are the same)
+            raw = torch.uint8 if cache.dtype == torch.float8_e4m3fn else cache.dtype
+            cache.view(raw).index_copy_(1, blocks, self.staging[:n, layer].transpose(0, 1).view(raw))
 
 
 def _runs(slots: list[int]):

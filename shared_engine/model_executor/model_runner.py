@@ -21,6 +21,7 @@ from shared_engine.model_executor.cuda_graph_runner import (
 )
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.kv_offloader import STAGING_BYTES, KVOffloader
+from shared_engine.model_executor.layers.fp8_linear import FP8_DTYPE, check_fp8_supported, quantize_linear_layers
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
 from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_entries
@@ -94,6 +95,11 @@ class ModelRunner:
         self.broadcast_sampled = tp > 1 and bool(config.scheduler.async_scheduling)
         self.dtype_name = resolve_dtype(config.model.dtype, self.device.type)
         self.dtype = _TORCH_DTYPES[self.dtype_name]
+        if config.model.quantization == "fp8":
+            check_fp8_supported(self.device, self.dtype)  # ValueError naming the flag (the CPU path refuses)
+        # kv_cache_dtype fp8: float8_e4m3fn pool, 1 byte per element (the memory profile sizes the pool in it)
+        self.kv_dtype_name = "fp8" if config.cache.fp8_kv_cache else self.dtype_name
+        self.kv_cache_dtype = FP8_DTYPE if config.cache.fp8_kv_cache else self.dtype
         self.arch = source.arch
         self.block_size = config.cache.block_size
         self.backend = get_backend("triton" if self.device.type == "cuda" else "torch")
@@ -148,6 +154,10 @@ class ModelRunner:
             init_dummy(model, seed=self.config.model.seed)
         else:
             load_safetensors(model, source.path)
+        if self.config.model.quantization == "fp8":
+            quantize_linear_layers(model)  # per-output-channel fp8 weights; the bf16 copies are freed
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
         return model.eval()
 
     # ---- KV cache ------------------------------------------------------------------------------------
@@ -193,13 +203,15 @@ class ModelRunner:
         """Bytes of one KV block on the rank that holds the most KV heads (all ranks share one block table)."""
         a = self.arch
         most = max_local_kv_heads(a.num_heads, a.num_kv_heads, self.config.parallel.tensor_parallel_size)
-        return a.kv_bytes_per_token(self.dtype_name) * self.block_size * most // a.num_kv_heads
+        return a.kv_bytes_per_token(self.kv_dtype_name) * self.block_size * most // a.num_kv_heads
 
     def allocate_kv_cache(self, num_blocks: int, with_host_tier: bool = True) -> None:
-        """One tensor per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K then V); with
-        `kv_offload_size` (and `with_host_tier`), the host tier's buffer (`CacheConfig.num_host_blocks`)."""
+        """One tensor per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K then V) in the KV cache
+        dtype (the model's, or float8_e4m3fn); with `kv_offload_size` (and `with_host_tier`), the host tier's
+        buffer (`CacheConfig.num_host_blocks`)."""
         shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.arch.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_layers)]
+        self.kv_caches = [torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+                          for _ in range(self.arch.num_layers)]
         self.offloader = None
         num_host = self.config.cache.num_host_blocks(self.kv_bytes_per_block) if with_host_tier else 0
         if num_host > 0:

@@ -158,3 +158,28 @@ def test_cascade_decode_with_graph_padding():
     torch.testing.assert_close(kv_graphed, kv_paged)  # padding rows wrote nothing
     assert_rel_close(graphed[:nd], paged, rel_tol(torch.float32, DEVICE, uses_dot=True))
     assert torch.isfinite(graphed[nd:]).all()
+
+
+@pytest.mark.parametrize("chunks", [[(32, 9)]])
+def test_fp8_cache_triton_backend_matches_torch_backend(chunks):
+    """An FP8 KV cache with layer scales (k 0.05, v 0.02): the Triton backend's KV write is bit-equal to the
+    torch backend's, and its cascade and plain decode and its prefill outputs match the torch backend's."""
+    from kernels.fp8 import quantize_fp8_ref
+
+    gen = torch.Generator().manual_seed(5)
+    out = shared_prefix_step(chunks)
+    meta = build_inputs(out, BLOCK, torch.device(DEVICE), cascade=True).meta
+    cache = torch.stack([quantize_fp8_ref(torch.randn(64, BLOCK, HK, D, generator=gen) * 4, s) for s in (0.05, 0.02)])
+    cache = cache.to(DEVICE)
+    qkv = random_qkv(out.num_batched_tokens, gen)
+    results = {}
+    with torch.inference_mode():
+        for name, m in (("cascade", meta), ("triton", plain(meta)), ("torch", plain(meta))):
+            kv = cache.clone()
+            backend = get_backend("torch" if name == "torch" else "triton")
+            results[name] = (backend.forward(*qkv, kv[0], kv[1], m, D**-0.5, 0.05, 0.02), kv)
+    ref, kv_ref = results["torch"]
+    for name in ("cascade", "triton"):
+        got, kv = results[name]
+        assert torch.equal(kv.view(torch.uint8), kv_ref.view(torch.uint8)), name
+        assert_rel_close(got, ref, rel_tol(torch.float32, DEVICE, uses_dot=True))

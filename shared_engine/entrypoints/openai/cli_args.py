@@ -94,6 +94,11 @@ _HELP = {
     "lora_admin_key": "bearer token for the LoRA admin routes (env fallback: SHARED_ENGINE_LORA_ADMIN_KEY)",
     "tensor_parallel_size": "GPUs (CPU: processes) that each layer is sharded over, one worker process per rank "
     "(torch.distributed: NCCL on CUDA, gloo on the CPU; README 'Tensor parallelism')",
+    "kv_cache_dtype": "KV cache element type: auto (the model's dtype) or fp8 (= fp8_e4m3: float8_e4m3fn with "
+    "per-layer K/V scales, 1 byte per element: twice bf16's tokens in the same memory)",
+    "quantization": "fp8: the decoder's linear layers quantised at load to float8_e4m3fn (per-output-channel "
+    "weight scales, dynamic per-token activation scales, torch._scaled_mm; CUDA with compute capability >= 8.9 "
+    "only)",
     "disable_cascade_attn": "CUDA: no cascade attention (decodes sharing a prefix-cached prompt prefix of >= 256 "
     "tokens read it once per batch, not once per sequence)",
 }

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.fp8 import FP8_DTYPE, quantize_fp8_ref
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
 from shared_engine.model_executor.attention.registry import register_backend
 
@@ -18,6 +19,8 @@ class TorchPagedAttention:
     Decodes are batched in buckets of similar context length: each bucket's contexts are gathered through
     the block table into one padded tensor.
     Prefill chunks run one sequence at a time with a causal mask offset by the cached prefix.
+    An FP8 cache (float8_e4m3fn) stores `fp8(clamp(x / scale))` (kernels/fp8.py) and is read cast to q's
+    dtype, `k_scale` folded into the softmax scale and `v_scale` applied to the output (both exact).
     """
 
     def forward(
@@ -29,8 +32,14 @@ class TorchPagedAttention:
         v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        if k_cache.dtype == FP8_DTYPE:
+            scale *= k_scale
+        else:
+            v_scale = 1.0
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
@@ -43,27 +52,33 @@ class TorchPagedAttention:
         for b in range(nd, meta.num_seqs):
             start, end = offsets[b], offsets[b + 1]
             ctx = meta.context_lens_list[b]
-            keys, values = _gather(k_cache, v_cache, meta.block_tables[b], ctx)
+            keys, values = _gather(k_cache, v_cache, meta.block_tables[b], ctx, q.dtype)
             out[start:end] = _attend(q[start:end], keys, values, ctx, scale)
+        if v_scale != 1.0:
+            out.mul_(v_scale)
         return out
 
 
-def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Store each new token's K/V at its flat slot (block * block_size + offset); slots < 0 are skipped."""
-    flat_k = k_cache.view(-1, *k_cache.shape[2:])
-    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+def write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Store each new token's K/V at its flat slot (block * block_size + offset); slots < 0 are skipped. An
+    FP8 cache gets `quantize_fp8_ref(x, scale)`, through uint8 views (the CPU has no fp8 index_copy_)."""
     if bool((slot_mapping < 0).any()):
         keep = slot_mapping >= 0
         k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
-    flat_k.index_copy_(0, slot_mapping, k)
-    flat_v.index_copy_(0, slot_mapping, v)
+    if k_cache.dtype == FP8_DTYPE:
+        k, v = quantize_fp8_ref(k, k_scale).view(torch.uint8), quantize_fp8_ref(v, v_scale).view(torch.uint8)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
 
 
-def _gather(k_cache, v_cache, block_table, ctx: int):
+def _gather(k_cache, v_cache, block_table, ctx: int, dtype: torch.dtype):
+    """One sequence's first `ctx` tokens of K and V `[ctx, num_kv_heads, head_dim]`, in `dtype` (an FP8 cache:
+    its stored values, unscaled)."""
     block_size = k_cache.shape[1]
     blocks = block_table[: -(-ctx // block_size)].long()
-    keys = k_cache.index_select(0, blocks).flatten(0, 1)[:ctx]  # [ctx, num_kv_heads, head_dim]
-    values = v_cache.index_select(0, blocks).flatten(0, 1)[:ctx]
+    keys = k_cache.index_select(0, blocks).flatten(0, 1)[:ctx].to(dtype)
+    values = v_cache.index_select(0, blocks).flatten(0, 1)[:ctx].to(dtype)
     return keys, values
 
 
@@ -139,6 +154,7 @@ def _decode(q, k_cache, v_cache, block_tables, context_lens: list[int], scale: f
         # index_select copies whole blocks (contiguous rows): ~3x faster on the CPU than advanced indexing
         keys = k_cache.index_select(0, bucket.blocks).view(b, -1, num_kv_heads, head_dim)[:, : bucket.max_len]
         values = v_cache.index_select(0, bucket.blocks).view(b, -1, num_kv_heads, head_dim)[:, : bucket.max_len]
+        keys, values = keys.to(q.dtype), values.to(q.dtype)  # an FP8 cache: exact; the scales are the caller's
         bucket_out = F.scaled_dot_product_attention(
             q.index_select(0, bucket.seqs).view(b, num_kv_heads, group, head_dim),
             keys.transpose(1, 2),  # [b, Hkv, L, D]

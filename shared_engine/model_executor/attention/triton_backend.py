@@ -1,7 +1,7 @@
 """Triton paged attention (CUDA): KV write, then split-K decode attention for the leading decode sequences
 (cascade attention over their shared block-table prefix when the metadata carries one) and varlen causal
 prefill attention for the prefill chunks after them. No host syncs, so a step can be captured in a CUDA
-graph."""
+graph. An FP8 cache (float8_e4m3fn) is written and read with the layer's `k_scale` / `v_scale`."""
 
 from __future__ import annotations
 
@@ -26,19 +26,23 @@ class TritonPagedAttention:
         v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        scales = dict(k_scale=k_scale, v_scale=v_scale)
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd and meta.use_cascade:
             shared_prefix_decode_attention(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.context_lens[:nd],
                                            meta.prefix_blocks, meta.prefix_len, scale, out=out[:nd],
-                                           max_prefix_len=meta.max_prefix_len, max_context_len=meta.max_context_len)
+                                           max_prefix_len=meta.max_prefix_len, max_context_len=meta.max_context_len,
+                                           **scales)
         elif nd:
             paged_decode_attention(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.context_lens[:nd], scale,
-                                   out=out[:nd], max_context_len=meta.max_context_len)
+                                   out=out[:nd], max_context_len=meta.max_context_len, **scales)
         if meta.num_seqs > nd:
             cu = meta.cu_seqlens_q[nd:] - nd  # prefill tokens start right after the nd decode tokens
             paged_prefill_attention(q[nd:], k_cache, v_cache, meta.block_tables[nd:], cu, meta.context_lens[nd:],
-                                    scale, max_seqlen_q=meta.max_query_len, out=out[nd:])
+                                    scale, max_seqlen_q=meta.max_query_len, out=out[nd:], **scales)
         return out

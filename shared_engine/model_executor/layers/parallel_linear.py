@@ -8,17 +8,18 @@ attention → o_proj; gate/up → SiLU·mul → down) therefore costs one all-re
 
 Fused layers (`qkv_proj`, `gate_up_proj`) hold several checkpoint tensors ("shards": q, k, v or gate, up)
 one after another; each rank keeps its own rows of every shard, in the same order. `load_shard` copies a
-checkpoint tensor's slice for this rank into place.
+checkpoint tensor's slice for this rank into place. With `quantization="fp8"` both run their matmul in FP8
+(layers/fp8_linear.py) once the loaded weights have been quantised.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from shared_engine.distributed.parallel_state import get_tp_rank, get_tp_world_size, tp_all_reduce
 from shared_engine.distributed.partition import HeadPartition, split_range
+from shared_engine.model_executor.layers.fp8_linear import apply_linear
 
 
 class ColumnParallelLinear(nn.Linear):
@@ -30,6 +31,9 @@ class ColumnParallelLinear(nn.Linear):
                  bias: bool = False) -> None:
         self.shard_sizes, self.shard_rows = list(shard_sizes), list(shard_rows)
         super().__init__(in_features, sum(end - start for start, end in self.shard_rows), bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return apply_linear(self, x)
 
     @torch.no_grad()
     def load_shard(self, param_name: str, tensor: torch.Tensor, shard: int | None) -> None:
@@ -56,7 +60,7 @@ class RowParallelLinear(nn.Linear):
         super().__init__(in_range[1] - in_range[0], out_features, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = tp_all_reduce(F.linear(x, self.weight))
+        out = tp_all_reduce(apply_linear(self, x, with_bias=False))
         return out if self.bias is None else out + self.bias
 
     @torch.no_grad()

@@ -52,6 +52,10 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.rotary = rotary
         self.scale = self.head_dim**-0.5
+        # FP8 KV cache (kv_cache_dtype fp8): this layer's per-tensor K and V scales, cached = fp8(x / scale).
+        # 1.0, vLLM's default without checkpoint scales (CacheConfig); unused by a bf16/fp32 cache.
+        self.k_scale = 1.0
+        self.v_scale = 1.0
         self.qkv_lora: LoRAProjection | None = None  # q, k, v slices (enable_lora)
         self.o_lora: LoRAProjection | None = None
 
@@ -67,7 +71,8 @@ class LlamaAttention(nn.Module):
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(-1, self.num_heads, self.head_dim)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(-1, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
-        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale).reshape(-1, self.q_size)
+        out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.k_scale, self.v_scale)
+        out = out.reshape(-1, self.q_size)
         if self.o_lora is None:
             return self.o_proj(out)
         return self.o_lora(out, self.o_proj(out))

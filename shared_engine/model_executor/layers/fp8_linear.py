@@ -1,0 +1,103 @@
+"""FP8 (e4m3) linear layers for `quantization="fp8"` (vLLM's online `--quantization fp8`).
+
+At load, each decoder linear weight `[out, in]` becomes float8_e4m3fn with one fp32 scale per output channel
+(row): `w ~= float(w_q) * w_scale[:, None]`, `w_scale = amax(|row|) / 448`. At run time each token's activations
+get their own scale the same way (dynamic, per token), and `torch._scaled_mm` multiplies the FP8 operands on
+the tensor cores, applying both scales to the fp32 accumulator:
+
+    y[m, n] = x_scale[m] * w_scale[n] * sum_k x_q[m, k] * w_q[n, k]
+
+Per-channel and per-token scales (not per-tensor) keep one outlier row or token from flattening the others'
+resolution. Embeddings, norms and the LM head stay in the model's dtype. The CUDA path needs compute capability
+>= 8.9 (FP8 tensor cores: Ada, Hopper) and a bfloat16 model (`_scaled_mm`'s row-wise scaling writes bf16). The
+CPU path refuses: the engine's CPU linears run in fp32 and FP8 there would only be emulated, slower and no
+smaller in any way that matters; the quantisation maths is tested on the CPU against a float reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+_MIN_AMAX = 1e-12  # an all-zero row or token: any scale works, this one avoids 0 / 0
+
+
+def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x [rows, cols]` -> (`x_q [rows, cols]` float8_e4m3fn, `scale [rows, 1]` fp32) with
+    `x ~= float(x_q) * scale`: each row's largest magnitude maps to 448 (no saturation by construction)."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(_MIN_AMAX)
+    scale = amax / FP8_MAX
+    x_q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return x_q, scale
+
+
+def fp8_linear(
+    x: torch.Tensor,  # [..., in_features], bfloat16 (CUDA) or any float dtype (CPU, tests)
+    weight: torch.Tensor,  # [out_features, in_features] float8_e4m3fn
+    weight_scale: torch.Tensor,  # [out_features] fp32
+    bias: torch.Tensor | None = None,  # [out_features]
+) -> torch.Tensor:  # [..., out_features], x.dtype
+    """`x @ dequant(weight).T (+ bias)` with `x` quantised per token, through `torch._scaled_mm`."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if x2.shape[0] == 0:
+        return x.new_empty((*shape[:-1], weight.shape[0]))
+    x_q, x_scale = quantize_rowwise(x2)
+    out = torch._scaled_mm(x_q, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), out_dtype=x.dtype)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*shape[:-1], weight.shape[0])
+
+
+def fp8_linear_ref(x, weight, weight_scale, bias=None) -> torch.Tensor:
+    """Emulated in fp32: quantise x per token, dequantise both operands, plain matmul."""
+    x_q, x_scale = quantize_rowwise(x.reshape(-1, x.shape[-1]))
+    out = (x_q.float() * x_scale) @ (weight.float() * weight_scale.view(-1, 1)).t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+
+
+def apply_linear(layer: nn.Linear, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+    """The layer's matmul: FP8 when its weight was quantised (`quantize_linear_layers`), else `F.linear`."""
+    bias = layer.bias if with_bias else None
+    if layer.weight.dtype == FP8_DTYPE:
+        return fp8_linear(x, layer.weight, layer.weight_scale, bias)
+    return F.linear(x, layer.weight, bias)
+
+
+def check_fp8_supported(device: torch.device, dtype: torch.dtype) -> None:
+    """Raise ValueError naming `--quantization fp8` unless `device` can run it: CUDA with compute capability
+    >= 8.9 and a bfloat16 model."""
+    if device.type != "cuda":
+        raise ValueError(
+            f"--quantization fp8 (quantization='fp8') needs a CUDA GPU with FP8 tensor cores (compute capability "
+            f">= 8.9: Ada, Hopper); this engine runs on {device.type}, where the linear layers run in fp32 and "
+            f"have no FP8 matmul kernel. Drop the flag on the CPU (--kv-cache-dtype fp8 does run there)")
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        raise ValueError(f"--quantization fp8 needs compute capability >= 8.9 (FP8 tensor cores); "
+                         f"{torch.cuda.get_device_name(device)} has {major}.{minor}")
+    if dtype != torch.bfloat16:
+        raise ValueError(f"--quantization fp8 needs --dtype bfloat16 (torch._scaled_mm's row-wise scaling writes "
+                         f"bf16), got {dtype}")
+
+
+@torch.no_grad()
+def quantize_linear_layers(model: nn.Module) -> int:
+    """Replace every tensor-parallel linear's weight (q/k/v, o, gate/up, down) by float8_e4m3fn plus a
+    `weight_scale [out_features]` fp32 buffer, in place, one layer at a time (the bf16 copy is freed as it
+    goes). Returns the number of layers quantised."""
+    from shared_engine.model_executor.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
+
+    count = 0
+    for module in model.modules():
+        if isinstance(module, ColumnParallelLinear | RowParallelLinear) and module.weight.dtype != FP8_DTYPE:
+            w_q, scale = quantize_rowwise(module.weight.data)
+            module.weight = nn.Parameter(w_q, requires_grad=False)
+            module.register_buffer("weight_scale", scale.view(-1).contiguous())
+            count += 1
+    return count
