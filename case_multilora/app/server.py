@@ -156,7 +156,8 @@ class Gateway:
                             payload = json.dumps(chunk)
                     if "error" in chunk:
                         state["status"] = str(chunk["error"].get("code") or 500)
-                    elif first and chunk.get("choices"):
+                    elif first and any(c.get("delta", {}).get("content") or c.get("text")
+                                       for c in chunk.get("choices") or []):  # a token, not the role chunk
                         first = False
                         self.metrics.ttft.labels(tenant.name).observe(time.monotonic() - arrived)
                 yield f"data: {payload}\n\n"

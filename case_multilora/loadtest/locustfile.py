@@ -87,8 +87,9 @@ class _TenantUser(HttpUser):
                     if "error" in chunk:
                         sample["status"] = chunk["error"].get("code")
                         r.failure(str(chunk["error"])[:200])
-                    elif chunk.get("choices") and ttft is None:
-                        ttft = time.perf_counter() - start
+                    elif ttft is None and any(c.get("delta", {}).get("content") or c.get("text")
+                                              for c in chunk.get("choices") or []):
+                        ttft = time.perf_counter() - start  # the first token, not the role-only first chunk
                     elif chunk.get("usage"):
                         sample["completion_tokens"] = chunk["usage"]["completion_tokens"]
                         sample["prompt_tokens"] = chunk["usage"]["prompt_tokens"]

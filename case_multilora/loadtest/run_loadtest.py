@@ -167,7 +167,8 @@ def main(argv=None) -> int:
         gateway = start_gateway(work, engine.url, tenants_yaml)
         whales = len(profile["whales"]) * profile["whale_users"] if variant["whales"] else 0
         samples = work / "samples.jsonl"
-        cmd = [sys.executable, "-m", "locust", "-f", str(HERE / "locustfile.py"), "--headless",
+        classes = ["WellBehaved", "Whale"] if whales else ["WellBehaved"]  # fixed_count 0 would mean "by weight"
+        cmd = [sys.executable, "-m", "locust", "-f", str(HERE / "locustfile.py"), *classes, "--headless",
                "-u", str(profile["well_behaved_users"] + whales), "-r", "100", "-t", f"{args.duration_s}s",
                "--host", gateway.url, "--ml-tenants", str(tenants_json), "--ml-samples", str(samples),
                "--ml-whale-users", str(profile["whale_users"]), "--ml-pacing-s", str(profile["pacing_s"]),
