@@ -1,8 +1,10 @@
 """`TenantLimiter`: per-tenant request rate, token rate and concurrency, on a `limits` storage (in memory by
 default; Redis shares them between gateway replicas).
 
-A request is admitted by `acquire(tenant, tokens)`: one hit on the tenant's request limit, `tokens` (the
-prompt estimate plus `max_tokens`) on its token limit (moving windows), and one concurrency slot. The `Lease` it
+A request is admitted by `acquire(tenant, tokens)`: one concurrency slot, then one hit on the tenant's request
+limit and `tokens` (the prompt estimate plus `max_tokens`) on its token limit (moving windows). A request
+refused for concurrency takes nothing from the windows; one refused by the token limit has used a request
+hit (attempts count against the request rate). The `Lease` it
 returns gives the slot back exactly once, whatever ends the request (completion, a client disconnect, an
 engine error): the server calls `release()` from a `finally`. A slot counter also expires `slot_ttl_s` after
 its last change, so a gateway that dies holding slots cannot lock a tenant out for longer than that.
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 import limits
 from limits.aio import storage as aio_storage
 from limits.aio import strategies
+from limits.storage import storage_from_string
 
 from .errors import GatewayError, rate_limited
 from .tenants import Tenant
@@ -26,7 +29,7 @@ def storage_from_uri(uri: str):
     """`memory://` or `redis://...` (redis-py's asyncio client, not coredis)."""
     if uri.startswith("memory://"):
         return aio_storage.MemoryStorage()
-    return aio_storage.storage_from_string("async+" + uri, implementation="redispy")
+    return storage_from_string("async+" + uri, implementation="redispy")
 
 
 @dataclass
@@ -69,17 +72,25 @@ class TenantLimiter:
             if tokens > item.amount:
                 raise GatewayError(400, f"this request reserves {tokens} tokens (prompt estimate + max_tokens), "
                                    f"more than tenant {tenant.name}'s token limit {tenant.token_limit}", "max_tokens")
-        if tenant.request_limit is not None:
-            item = self._item(tenant.request_limit)
-            if not await self.window.hit(item, tenant.name, "requests"):
-                raise rate_limited(f"tenant {tenant.name} is over its request limit {tenant.request_limit}",
-                                   "requests", await self._retry_after(item, tenant, "requests"))
-        if tenant.token_limit is not None:
-            item = self._item(tenant.token_limit)
-            if not await self.window.hit(item, tenant.name, "tokens", cost=tokens):
-                raise rate_limited(f"tenant {tenant.name} is over its token limit {tenant.token_limit} "
-                                   f"({tokens} tokens reserved by this request)", "tokens",
-                                   await self._retry_after(item, tenant, "tokens"))
+        lease = await self._acquire_slot(tenant)  # first: a request refused here takes nothing from the windows
+        try:
+            if tenant.request_limit is not None:
+                item = self._item(tenant.request_limit)
+                if not await self.window.hit(item, tenant.name, "requests"):
+                    raise rate_limited(f"tenant {tenant.name} is over its request limit {tenant.request_limit}",
+                                       "requests", await self._retry_after(item, tenant, "requests"))
+            if tenant.token_limit is not None:
+                item = self._item(tenant.token_limit)
+                if not await self.window.hit(item, tenant.name, "tokens", cost=tokens):
+                    raise rate_limited(f"tenant {tenant.name} is over its token limit {tenant.token_limit} "
+                                       f"({tokens} tokens reserved by this request)", "tokens",
+                                       await self._retry_after(item, tenant, "tokens"))
+        except GatewayError:
+            await lease.release()
+            raise
+        return lease
+
+    async def _acquire_slot(self, tenant: Tenant) -> Lease:
         if tenant.max_concurrency is None:
             return Lease(None, tenant)
         in_flight = await self.storage.incr(self._slot_key(tenant), self.slot_ttl_s, 1)

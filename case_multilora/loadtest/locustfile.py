@@ -45,6 +45,7 @@ def _options(parser) -> None:
     parser.add_argument("--ml-max-tokens", type=int, default=16, help="well-behaved answers")
     parser.add_argument("--ml-whale-max-tokens", type=int, default=32)
     parser.add_argument("--ml-seed", type=int, default=0)
+    parser.add_argument("--ml-ignore-eos", action="store_true", help="fixed answer lengths (random adapters)")
 
 
 @events.test_start.add_listener
@@ -68,6 +69,8 @@ class _TenantUser(HttpUser):
     def stream(self, kind: str, tenant: dict, messages: list, max_tokens: int) -> None:
         body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
                 "stream_options": {"include_usage": True}}
+        if self.environment.parsed_options.ml_ignore_eos:
+            body["ignore_eos"] = True  # every answer max_tokens long: equal work with or without adapters
         sample = {"kind": kind, "tenant": tenant["name"], "t_s": round(time.time() - _state["started"], 3)}
         start = time.perf_counter()
         ttft = None

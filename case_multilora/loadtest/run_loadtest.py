@@ -51,7 +51,7 @@ PROFILES = {
     # the brief's 30 tenants on the H200: 28 well-behaved + 2 whales over 30 random adapters (t<rank>-<i>)
     "h200": {"well_behaved": [(f"t{i + 1}", f"t{(8, 16, 64)[i % 3]}-{i // 3}") for i in range(28)],
              "whales": [("w1", "t16-9"), ("w2", "t64-9")], "well_behaved_users": 96, "whale_users": 32,
-             "pacing_s": 2.0, "max_tokens": 128, "whale_max_tokens": 256, "quota": 120,
+             "pacing_s": 2.0, "max_tokens": 128, "whale_max_tokens": 256, "quota": 120, "ignore_eos": True,
              "configs": {"first_attempt": "first_attempt/config_h200.yaml", "the_fix": "the_fix/config_h200.yaml"}},
 }
 VARIANTS = {  # config: which of the profile's configs; out: results file, {profile} filled in
@@ -173,7 +173,8 @@ def main(argv=None) -> int:
                "--host", gateway.url, "--ml-tenants", str(tenants_json), "--ml-samples", str(samples),
                "--ml-whale-users", str(profile["whale_users"]), "--ml-pacing-s", str(profile["pacing_s"]),
                "--ml-max-tokens", str(profile["max_tokens"]), "--ml-whale-max-tokens", str(profile["whale_max_tokens"]),
-               "--csv", str(work / "locust"), "--only-summary", "--stop-timeout", "30"]
+               "--csv", str(work / "locust"), "--only-summary", "--stop-timeout", "30",
+               *(["--ml-ignore-eos"] if profile.get("ignore_eos") else [])]
         load_before = list(os.getloadavg())
         started = time.monotonic()
         run = subprocess.run(cmd, env={**os.environ, "ML_WHALE_USERS_TOTAL": str(whales)}, capture_output=True,

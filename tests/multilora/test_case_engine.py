@@ -124,6 +124,17 @@ def test_tenants_never_share_prefix_cache_blocks(stack):
     assert cached("hooli") == again  # within a tenant blocks are shared
 
 
+def test_without_the_gateways_salt_cached_tokens_leak_across_tenants(stack):
+    """The first attempt's symptom: two tenants on one adapter, straight to the engine with no cache_salt (the
+    adapter already salts the hash, not the tenant): the second sees the first's document as cached tokens."""
+    key = {"Authorization": f"Bearer {ENGINE_API_KEY}"}
+    body = {"model": "upper", "prompt": "A different note. " + DOCUMENT, "max_tokens": 2, "temperature": 0.0}
+    usage = [httpx.post(stack["engine"] + "/v1/completions", json={**body, "tenant": t}, headers=key,
+                        timeout=300).json()["usage"] for t in ("umbrella", "hooli")]
+    assert usage[0]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert usage[1]["prompt_tokens_details"]["cached_tokens"] >= 64  # hooli learns that someone sent it
+
+
 def test_engine_refuses_requests_without_its_key(stack):
     r = httpx.post(stack["engine"] + "/v1/chat/completions", json={"model": "json", "messages": []}, timeout=30)
     assert r.status_code == 401  # tenants cannot bypass the gateway's salt and limits
