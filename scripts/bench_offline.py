@@ -48,7 +48,8 @@ def run_ours(args, prompts, out_lens) -> tuple[dict, object]:
               "kv_cache_memory": args.kv_cache_memory, "gpu_memory_utilization": args.gpu_memory_utilization,
               "enforce_eager": args.enforce_eager or None, "device": args.device,
               "enable_async_output_proc": args.enable_async_output_proc or None,
-              "async_scheduling": args.async_scheduling, "tensor_parallel_size": args.tensor_parallel_size}
+              "async_scheduling": args.async_scheduling, "tensor_parallel_size": args.tensor_parallel_size,
+              "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization}
     llm = LLM(args.model, **{k: v for k, v in chosen.items() if v is not None})
     engine = llm.engine
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
@@ -136,11 +137,15 @@ def roofline(args, llm, prompts, out_lens) -> dict:
     engine = llm.engine
     ceilings = measure_device_ceilings()  # on GPU 0; under tensor parallelism every GPU streams its shard,
     tp = engine.config.parallel.tensor_parallel_size  # so the bound is over tp times one GPU's ceilings
+    fp8_rate = ceilings.get("matmul_fp8_flops_per_s")  # measured in this run (compute capability >= 8.9)
     bound = offline_roofline(engine.source.arch, engine.runner.dtype_name, len(prompts),
                              statistics.mean(map(len, prompts)), statistics.mean(out_lens),
                              engine.block_manager.num_blocks * engine.block_manager.block_size,
                              engine.config.scheduler.max_num_seqs, tp * ceilings["copy_bandwidth_bytes_per_s"],
-                             tp * ceilings["matmul_bf16_flops_per_s"])
+                             tp * ceilings["matmul_bf16_flops_per_s"],
+                             kv_cache_dtype="fp8" if engine.config.cache.fp8_kv_cache else None,
+                             weight_dtype=engine.config.model.quantization,
+                             fp8_matmul_flops=None if fp8_rate is None else tp * fp8_rate)
     return {**ceilings, **bound, "num_gpus": tp, "copy_bandwidth_all_gpus": tp * ceilings["copy_bandwidth_bytes_per_s"]}
 
 
@@ -161,6 +166,8 @@ def parse_args():
     p.add_argument("--kv-cache-memory", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--kv-cache-dtype", default=None, help="auto or fp8 (the engine's flag; the roofline prices it)")
+    p.add_argument("--quantization", default=None, help="fp8: FP8 linear layers (CUDA; the roofline prices them)")
     p.add_argument("--enable-async-output-proc", action="store_true",
                    help="process step n's outputs while the device runs step n+1")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,

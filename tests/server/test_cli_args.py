@@ -60,3 +60,12 @@ def test_lora_flags_use_vllms_names():
     assert server.allow_runtime_lora_updating and server.resolved_lora_admin_key() == "k"
     with pytest.raises(ValueError, match="max_cpu_loras must be >= 4"):
         build_configs(_parse(["--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"]))
+
+
+def test_fp8_flags_use_vllms_names():
+    engine, _ = build_configs(_parse(["--kv-cache-dtype", "fp8", "--quantization", "fp8"]))
+    assert engine.cache.kv_cache_dtype == "fp8" and engine.cache.fp8_kv_cache and engine.model.quantization == "fp8"
+    engine, _ = build_configs(_parse([]))
+    assert engine.cache.kv_cache_dtype == "auto" and not engine.cache.fp8_kv_cache and engine.model.quantization is None
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        build_configs(_parse(["--kv-cache-dtype", "fp8_e5m2"]))
