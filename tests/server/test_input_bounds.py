@@ -18,6 +18,7 @@ import pytest
 from shared_engine.config import EngineConfig
 from shared_engine.engine.llm_engine import LLMEngine
 from shared_engine.entrypoints.openai.api_server import create_app
+from shared_engine.entrypoints.openai.chat_render import template_keeps_content
 from shared_engine.entrypoints.openai.errors import APIError
 from shared_engine.entrypoints.openai.input_bounds import TokenBounds
 from shared_engine.entrypoints.openai.preprocess_pool import PreprocessPool
@@ -55,6 +56,7 @@ def app(tiny_model_dir, tokenizer, bounds):
     app = create_app(engine, LIMITS)
     ctx = app.state.ctx
     ctx.tokenizer, ctx.bounds = CountingTokenizer(tokenizer), bounds
+    ctx.template_keeps_content = template_keeps_content(tokenizer)  # as create_app finds for this tokenizer
     assert ctx.max_model_len == MAX_MODEL_LEN
     return app
 
@@ -205,3 +207,39 @@ def test_large_inputs_have_their_own_lane_and_a_cap():
     assert pool.large_admitted == 0
     nice = asyncio.run(pool.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), size=101))
     assert nice == os.getpriority(os.PRIO_PROCESS, 0) + 10  # the large lane yields the CPU first
+
+
+def test_a_chat_over_the_context_is_refused_before_its_template_runs(app):
+    pool = app.state.ctx.pool
+    jobs, run = [], pool.run
+
+    async def recording_run(fn, *args, size=0):
+        jobs.append(getattr(fn, "__name__", ""))
+        return await run(fn, *args, size=size)
+
+    async def scenario(client):
+        pool.run = recording_run
+        try:
+            return await client.post(CHAT, json={"messages": [{"role": "system", "content": "x" * 30_000},
+                                                              {"role": "user", "content": "y" * 30_000}]})
+        finally:
+            pool.run = run
+
+    r = run_app(app, scenario)
+    assert r.status_code == 400 and "60000 bytes long" in r.json()["error"]["message"], r.text
+    assert "render_chat" not in jobs, jobs  # neither rendered nor tokenised
+
+
+class _DroppingTemplate:
+    """A template that leaves system messages out: their text is no lower bound on the rendered prompt."""
+
+    chat_template = "drops system"
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages if m["role"] != "system")
+
+
+def test_the_content_shortcut_needs_a_template_that_keeps_content(tokenizer):
+    assert template_keeps_content(tokenizer)  # SmolLM2's ChatML
+    assert not template_keeps_content(_DroppingTemplate())
+    assert not template_keeps_content(type("NoTemplate", (), {"chat_template": None})())

@@ -16,6 +16,7 @@ from shared_engine.entrypoints.openai.protocol_tools import Tool
 from shared_engine.entrypoints.openai.tool_calls import with_tools
 
 _ROLES = {"developer": "system"}
+_KEPT_ROLES = ("system", "developer", "user", "assistant")  # the roles template_keeps_content probes
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict]:
@@ -54,3 +55,29 @@ def render_chat(tokenizer, messages: list[ChatMessage], add_generation_prompt: b
         return tokenizer.encode(text, add_special_tokens=False)
     except Exception as e:  # noqa: BLE001 - e.g. lone surrogates in the client's messages
         raise bad_request(f"could not tokenize the messages: {e}", "messages") from e
+
+
+def template_keeps_content(tokenizer) -> bool:
+    """True when the chat template renders every system, user and assistant message's content verbatim
+    (probed once with marker texts): then the messages' text is a lower bound on the rendered text, and a
+    conversation can be refused for its size before it is rendered (serving_chat.py)."""
+    markers = [f"\u27e6probe{i}\u27e7" for i in range(4)]
+    roles = ["system", "user", "assistant", "user"]
+    try:
+        text = render_chat_text(tokenizer, [{"role": r, "content": m} for r, m in zip(roles, markers, strict=True)])
+    except Exception:  # noqa: BLE001 - no template, or one that refuses this conversation: no shortcut
+        return False
+    return all(text.count(m) == 1 for m in markers)
+
+
+def content_text(messages: list[ChatMessage]) -> str:
+    """The text of the system, developer, user and assistant messages' content, joined (what a template
+    that keeps content renders verbatim, among other text)."""
+    pieces = []
+    for m in messages:
+        if m.role in _KEPT_ROLES:
+            if isinstance(m.content, str):
+                pieces.append(m.content)
+            elif isinstance(m.content, list):
+                pieces.extend(part.text or "" for part in m.content if part.type == "text")
+    return "".join(pieces)

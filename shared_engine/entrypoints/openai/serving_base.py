@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi.responses import StreamingResponse
 
 from shared_engine.entrypoints.openai.async_engine import AsyncEngineBase
+from shared_engine.entrypoints.openai.chat_render import template_keeps_content
 from shared_engine.entrypoints.openai.errors import APIError, bad_request
 from shared_engine.entrypoints.openai.input_bounds import TokenBounds
 from shared_engine.entrypoints.openai.logprobs import TokenText
@@ -51,6 +52,7 @@ class ServingContext:
         self._salt_secret = (server_config.resolved_cache_salt_secret() or secrets.token_hex(32)).encode()
         self.pool = PreprocessPool(TOKENIZER_WORKERS, server_config.large_input_bytes, server_config.max_large_inputs)
         self.bounds = TokenBounds.from_tokenizer(self.tokenizer)
+        self.template_keeps_content = self.tokenizer is not None and template_keeps_content(self.tokenizer)
 
     async def off_loop(self, fn: Callable, *args, size: int = 0):
         """`fn(*args)` in the pre-processing pool's lane for `size` bytes of input, awaited (exceptions

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from shared_engine.entrypoints.openai.body_precheck import BODY_BYTES_KEY
-from shared_engine.entrypoints.openai.chat_render import render_chat
+from shared_engine.entrypoints.openai.chat_render import content_text, render_chat
 from shared_engine.entrypoints.openai.errors import APIError, bad_request, sse_error
 from shared_engine.entrypoints.openai.generation_run import ClientDisconnected, GenerationRun, Job
 from shared_engine.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs
@@ -49,6 +49,8 @@ class ServingChat:
         params = ctx.sampling_params(req, max_tokens, logprobs=k, structured_outputs=structured)
         if req.prompt_logprobs is not None and req.stream:
             raise bad_request("prompt_logprobs is not supported with stream", "prompt_logprobs")
+        if ctx.template_keeps_content:  # refused for its size before the template renders it
+            ctx.bounds.check_context(content_text(req.messages), ctx.max_model_len, "messages")
         ids = await ctx.off_loop(render_chat, ctx.need_tokenizer(), req.messages, req.add_generation_prompt, tools,
                                  self._check_rendered, size=request.scope.get(BODY_BYTES_KEY, 0))
         check_prompt_tokens(ctx.server_config, [len(ids)], req.n, "messages")
