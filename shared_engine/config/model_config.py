@@ -15,9 +15,9 @@ QUANTIZATIONS = {None, "fp8"}
 class ModelConfig:
     """Model identity and loading.
 
-    `model` is a local Hugging Face directory, a preset name (`llama-3.1-8b`, `llama-3.1-70b`,
-    `qwen3-0.6b`, `qwen2.5-0.5b`, `smollm2-135m`; real shapes, only with `load_format="dummy"`) or None for the
-    embedded default model (SmolLM2-135M-Instruct). `max_model_len` (tokens, prompt + output) None means
+    `model` is a local Hugging Face directory, a preset name (`llama-3.1-8b`, `llama-3.1-70b`, `llama-3.2-1b`
+    (the 8b's draft model: same tokenizer), `qwen3-0.6b`, `qwen2.5-0.5b`, `smollm2-135m`; real shapes, only with
+    `load_format="dummy"`) or None for the embedded default model (SmolLM2-135M-Instruct). `max_model_len` (tokens, prompt + output) None means
     the model's `max_position_embeddings`. `dtype="auto"` is float32 on the CPU and bfloat16 on CUDA.
     `disable_cascade_attn` (vLLM's name) turns off cascade decode attention, which on CUDA reads the block
     prefix that a step's decodes share (a prefix-cached system prompt) once for the whole batch; the CPU path

@@ -43,7 +43,12 @@ class LLMEngine:
         self.grammar = (GrammarBackend(self.tokenizer, self.source.arch.vocab_size, self.eos_token_ids)
                         if self.tokenizer is not None else None)
         self.runner = make_model_runner(config, self.source, self.grammar)  # a TPExecutor when TP > 1
-        num_blocks = num_kv_blocks(config, self.runner.kv_bytes_per_block, self.runner.free_kv_bytes())
+        spec = config.speculative_config
+        # before the KV cache is sized: a draft model's weights are loaded and its cache shares the pool
+        self.spec = None if spec is None else SpecDecoder(spec, self.max_model_len, engine_config=config,
+                                                          source=self.source, runner=self.runner,
+                                                          tokenizer=self.tokenizer)
+        num_blocks = self._num_kv_blocks(config)
         check_fits(num_blocks, config.cache.block_size, self.max_model_len)
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.capture_cuda_graphs()
@@ -52,11 +57,9 @@ class LLMEngine:
         self.block_manager = self.scheduler.block_manager
         self.outputs = OutputBuilder(self.tokenizer)
         self.stats = EngineStats()
-        spec = config.speculative_config
-        self.spec = None if spec is None else SpecDecoder(spec, self.max_model_len, engine_config=config,
-                                                          source=self.source, runner=self.runner,
-                                                          tokenizer=self.tokenizer)
         if self.spec is not None:
+            self.spec.allocate_kv_cache(num_blocks)
+            self.spec.bind(self.block_manager)
             self.stats.spec = SpecDecodeStats()
         s = config.scheduler
         self.async_outputs = (AsyncOutputStepper(overlap_scheduling=s.async_scheduling)
@@ -67,6 +70,18 @@ class LLMEngine:
                     "profiling pass) %.1f s, CUDA graph capture %.1f s (%d graphs), total %.1f s", self.source.name,
                     r.dtype_name, r.device, r.load_seconds, r.compile_seconds, r.capture_seconds, r.num_cuda_graphs,
                     r.load_seconds + r.compile_seconds + r.capture_seconds)
+
+    def _num_kv_blocks(self, config: EngineConfig) -> int:
+        """Blocks in the pool. With a draft model each block holds the target's and the draft's KV (one block
+        table for both), so a block costs the sum of their bytes, and the draft's scratch blocks come off the
+        device's free bytes first."""
+        per_block = self.runner.kv_bytes_per_block
+        free = self.runner.free_kv_bytes()
+        if self.spec is not None:
+            per_block += self.spec.kv_bytes_per_block
+            if free is not None:
+                free = max(0, free - self.spec.reserved_kv_bytes)
+        return num_kv_blocks(config, per_block, free)
 
     def _check_config(self, config: EngineConfig) -> None:
         limit = self.source.arch.max_position_embeddings

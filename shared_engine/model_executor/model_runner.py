@@ -112,6 +112,9 @@ class ModelRunner:
         self.model = self._load(source)
         self.load_seconds = time.perf_counter() - started
         self.lora = None  # LoRAManager with enable_lora: the CPU cache and GPU slots of adapters
+        # speculative method draft_model: the draft's `DraftModelRunner`, whose KV cache mirrors this one's
+        # (every step's inputs also run through the draft; spec_decode/draft_model_runner.py)
+        self.draft_runner = None
         if config.lora.enable_lora:
             from shared_engine.lora.lora_manager import LoRAManager
 
@@ -300,6 +303,8 @@ class ModelRunner:
                 copied.record()
             else:
                 token_ids = emitted
+        if self.draft_runner is not None:  # after the sampled ids' copy, so they are not held up by it
+            self.draft_runner.mirror(inputs)
         if cuda:
             span[1].record()
         return LaunchedStep(requests, tokens, token_ids, inputs.num_logits, copied, raw_logprobs, prompt_logprobs,

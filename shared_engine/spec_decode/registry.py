@@ -32,4 +32,9 @@ def build_proposer(config, **context) -> Proposer:
 
 
 def _register_builtins() -> None:
-    from shared_engine.spec_decode import ngram_proposer, replay_proposer, suffix_proposer  # noqa: F401
+    from shared_engine.spec_decode import (  # noqa: F401
+        draft_model_proposer,
+        ngram_proposer,
+        replay_proposer,
+        suffix_proposer,
+    )

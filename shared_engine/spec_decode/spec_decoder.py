@@ -18,6 +18,21 @@ class SpecDecoder:
     def draft_probs(self):
         return self.proposer.draft_probs
 
+    @property
+    def kv_bytes_per_block(self) -> int:
+        """Bytes per KV block the proposer adds to the target's (a draft model's cache; else 0)."""
+        return self.proposer.kv_bytes_per_block
+
+    @property
+    def reserved_kv_bytes(self) -> int:
+        return self.proposer.reserved_kv_bytes
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.proposer.allocate_kv_cache(num_blocks)
+
+    def bind(self, block_manager) -> None:
+        self.proposer.bind(block_manager)
+
     def wants_drafts(self, num_running: int) -> bool:
         """Whether the next step may speculate (the async stepper then resolves the step in flight first)."""
         return self.policy.max_drafts(num_running) > 0

@@ -1,0 +1,130 @@
+"""`DraftModelRunner`: the `draft_model` proposer's model and its paged KV cache, on the target's block tables.
+
+The draft's KV pool has the target's `num_blocks` blocks, indexed by the same block ids (so the block manager
+allocates once, for both models, and knows nothing of the draft), plus `num_scratch_blocks` blocks past them.
+Two kinds of forward pass write it:
+
+- `mirror(inputs)`, run by the target's `ModelRunner.launch` after every target forward with that step's own
+  inputs (tokens, positions, slot mapping, block tables): every position whose target KV a step computes gets
+  its draft KV in the same slot. So the draft's cache is valid wherever the target's is: prompt chunks (the
+  draft prefills when the target does), prefix-cache hits (the blocks were mirrored when computed), recompute
+  after preemption, and verified drafts. A rejected draft's slot is rewritten later, like the target's.
+- `propose(...)`: k decode-shaped steps batched over the requests, step j feeding each request the token at
+  position c + j (c = its computed tokens; step 0 its last verified token, then its own previous draft) and
+  taking the argmax as the next draft. Positions from c on are not yet allocated to the request when the
+  proposer runs (the scheduler reserves lookahead slots afterwards), so each request's table for these steps
+  is its live block table followed by `ceil(k / block_size)` scratch blocks of its own; what the steps write
+  there is dropped, and the next step's mirror writes the verified positions into the real blocks.
+
+Drafts are the draft model's greedy tokens (one-hot q): exact under verification for every sampling setting
+(the rejection sampler's one-hot path, as for n-gram drafts). The next input is read on the device (the
+placeholder path of async scheduling), so a proposal waits for the device once, for all k steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from shared_engine.config.lora_config import LoRAConfig
+from shared_engine.config.speculative_config import SpecDecodeSection
+from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from shared_engine.model_executor.input_builder import StepInputs, build_inputs
+
+
+class DraftModelRunner:
+    def __init__(self, engine_config, source, num_speculative_tokens: int) -> None:
+        """Load the draft (`source`, a `ModelSource`) on the target's device and dtype: real weights from a
+        directory, random ones from a preset or when the target itself is dummy.
+
+        Raises:
+            ValueError: the draft supports fewer positions than `max_model_len`.
+        """
+        from shared_engine.model_executor.model_runner import ModelRunner
+
+        max_model_len = engine_config.model.max_model_len
+        if source.arch.max_position_embeddings < max_model_len:
+            raise ValueError(f"draft model {source.name!r} supports {source.arch.max_position_embeddings} positions, "
+                             f"fewer than max_model_len {max_model_len}")
+        dummy = source.path is None or engine_config.model.load_format == "dummy"
+        model = dataclasses.replace(engine_config.model, model=source.name, tokenizer=None,
+                                    load_format="dummy" if dummy else "auto")
+        config = dataclasses.replace(engine_config, model=model, lora=LoRAConfig(), speculative=SpecDecodeSection())
+        self.runner = ModelRunner(config, source)  # the draft's weights, dtype, device and attention backend
+        self.model, self.device, self.backend = self.runner.model, self.runner.device, self.runner.backend
+        self.block_size = config.cache.block_size
+        self.k = num_speculative_tokens
+        self.scratch_per_request = -(-self.k // self.block_size)  # blocks past the live table a proposal can reach
+        self.num_scratch_blocks = config.scheduler.max_num_seqs * self.scratch_per_request
+        self.num_blocks = 0
+        self.num_mirrored_tokens = 0  # tokens the mirror has run (every target step's)
+        self.num_proposal_steps = 0  # decode-shaped draft forwards of proposals
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        """Bytes of one draft KV block (what the memory profile adds to the target's per block)."""
+        return self.runner.kv_bytes_per_block
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.num_scratch_blocks * self.kv_bytes_per_block
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """The target's `num_blocks` (same ids) and the scratch blocks after them."""
+        self.num_blocks = num_blocks
+        self.runner.allocate_kv_cache(num_blocks + self.num_scratch_blocks)
+
+    @torch.inference_mode()
+    def mirror(self, inputs: StepInputs) -> None:
+        """Run the draft over a target step's inputs (after their placeholders were patched), writing its KV
+        at the step's slots; no logits."""
+        self.model(inputs.input_ids, inputs.positions, self.runner.kv_caches, inputs.meta, self.backend)
+        self.num_mirrored_tokens += inputs.input_ids.shape[0]
+
+    @torch.inference_mode()
+    def propose(self, requests: list, caps: list[int], block_table) -> list[list[int]]:
+        """Up to caps[i] greedy draft tokens for each request (decoding: its last token known, not computed);
+        `block_table(request_id)` is its live block table.
+
+        Raises:
+            RuntimeError: more requests than the scratch blocks were sized for (max_num_seqs).
+        """
+        drafts: list[list[int]] = [[] for _ in requests]
+        rows = [i for i, cap in enumerate(caps) if cap > 0]
+        if not rows:
+            return drafts
+        if len(rows) * self.scratch_per_request > self.num_scratch_blocks:
+            raise RuntimeError(f"{len(rows)} requests to draft for, but scratch blocks for {self.num_scratch_blocks}")
+        tables = {}
+        for slot, i in enumerate(rows):
+            r = requests[i]
+            live = block_table(r.request_id)
+            last = r.num_computed_tokens + caps[i] - 1  # the last position a draft step writes
+            need = max(0, last // self.block_size + 1 - len(live))
+            first = self.num_blocks + slot * self.scratch_per_request
+            tables[i] = list(live) + list(range(first, first + need))
+        outputs = []  # (request indices, [len] int64 draft tokens on the device) per step
+        active, previous = rows, None
+        for step in range(max(caps[i] for i in rows)):
+            if step:
+                position = {i: row for row, i in enumerate(active)}  # row of each request in `previous`
+                active = [i for i in active if caps[i] > step]
+                if not active:
+                    break
+            # step 0 feeds the last verified token; later steps a placeholder for the previous step's row
+            items = [ScheduledRequest(requests[i], [-(position[i] + 1) if step else requests[i].output_token_ids[-1]],
+                                      requests[i].num_computed_tokens + step, tables[i], True) for i in active]
+            inputs = build_inputs(SchedulerOutput(items, num_batched_tokens=len(items)), self.block_size, self.device)
+            inputs.patch_placeholders(previous)
+            hidden = self.model(inputs.input_ids, inputs.positions, self.runner.kv_caches, inputs.meta, self.backend)
+            previous = self.model.compute_logits(hidden[inputs.sample_indices]).argmax(dim=-1)  # [len(active)]
+            outputs.append((active, previous))
+            self.num_proposal_steps += 1
+        tokens = torch.cat([t for _, t in outputs]).tolist()  # the one wait for the device
+        offset = 0
+        for indices, _ in outputs:
+            for i, token in zip(indices, tokens[offset:offset + len(indices)]):
+                drafts[i].append(token)
+            offset += len(indices)
+        return drafts
