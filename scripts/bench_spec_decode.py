@@ -2,18 +2,27 @@
 
 `--workload code` (CPU, default model): code editing built from this repository's own source files (a file
 in the prompt, then a request to return it with one change); every request alone (batch 1), greedy, with
-speculation off, `ngram` and `suffix` (policy `always`, k = --k). Reports acceptance (accepted / drafted
-tokens), mean accepted length and the batch-1 speed-up (off time / on time for the same tokens).
+speculation off and each of --methods (policy `always`, k = --k): `ngram`, `suffix`, and `draft_model` with
+the default model's first N layers as the draft for each N in --draft-layers (`model_loader/layer_subset.py`;
+0: the model itself). Reports acceptance (accepted / drafted tokens), mean accepted length and the batch-1 speed-up (off
+time / on time for the same tokens).
 
 `--workload replay` (GPU, dummy weights; BENCHMARK-ONLY PROPOSER): dummy weights accept nothing a real
 proposer drafts, so the speculative step is measured with `replay`, which drafts the target's own greedy
 continuation (recorded by the run with speculation off) with each token right with probability
 --acceptance (spec_decode/replay_proposer.py). Batch-1 ITL at each acceptance x k, and throughput of
 --batch-sizes requests of --input-len / --output-len tokens with the auto policy against speculation off.
+With `--draft-model NAME` (e.g. the `llama-3.2-1b` preset) the engine runs the `draft_model` method, so every
+step pays for the draft model's forwards and KV mirror, but the drafts it returns are replaced by the replay
+ones (`DraftCostReplayProposer`, BENCHMARK ONLY): what a draft model of that size costs at a set acceptance.
 
     python scripts/bench_spec_decode.py --workload code --out benchmarks/results/spec_decode_cpu_code.json
+    python scripts/bench_spec_decode.py --workload code --methods draft_model --draft-layers 0 6 \\
+        --out benchmarks/results/spec_decode_cpu_code_draft_model.json
     python scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b --load-format dummy \\
         --out benchmarks/results/spec_decode_h200_replay.json
+    python scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b --load-format dummy \\
+        --draft-model llama-3.2-1b --batch-sizes 0 --out benchmarks/results/spec_decode_h200_draft_cost.json
 """
 
 from __future__ import annotations
@@ -59,9 +68,48 @@ def timed_requests(llm, prompts, params) -> tuple[float, int, list]:
     return seconds, tokens, outs
 
 
+def set_speculation(engine, spec, on: bool) -> None:
+    """Speculation on or off in one engine; off also stops a draft model's KV mirror (its cost), and each
+    timed run starts from an empty prefix cache (none reuses the previous run's prompt blocks)."""
+    from shared_engine.spec_decode.draft_model_runner import DraftModelRunner
+
+    draft = spec.proposer
+    while draft is not None and not isinstance(draft, DraftModelRunner):
+        draft = getattr(draft, "draft", None)
+    engine.spec = spec if on else None
+    engine.runner.draft_runner = draft if on else None
+    engine.block_manager.reset_prefix_cache()
+
+
 def spec_counts(engine) -> tuple[int, int, int]:
     s = engine.stats.spec
     return s.num_drafts_total, s.num_draft_tokens_total, s.num_accepted_tokens_total
+
+
+def draft_model_dir(num_layers: int) -> str:
+    """The draft for `draft_model`: the default model's first `num_layers` layers (0: the model itself)."""
+    import tempfile
+
+    from shared_engine.model_loader.default_model import default_model_dir
+    from shared_engine.model_loader.layer_subset import write_layer_subset
+
+    if num_layers == 0:
+        return str(default_model_dir())
+    target = Path(tempfile.mkdtemp(prefix="draft-layers-"))
+    return str(write_layer_subset(default_model_dir(), target, num_layers))
+
+
+def code_runs(args) -> list[tuple[str, dict, int | None]]:
+    """(row name, extra speculative_config, draft layers) per benchmarked configuration."""
+    runs = []
+    for method in args.methods:
+        if method != "draft_model":
+            runs.append((method, {}, None))
+            continue
+        for layers in args.draft_layers:
+            name = "draft_model_self" if layers == 0 else f"draft_model_{layers}_layers"
+            runs.append((name, {"model": draft_model_dir(layers)}, layers))
+    return runs
 
 
 def code_workload(args) -> dict:
@@ -70,24 +118,27 @@ def code_workload(args) -> dict:
     prompts = code_prompts(args.file_chars)
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len)
     runs = {}
-    for method in ("ngram", "suffix"):
+    for name, extra, layers in code_runs(args):
+        method = "draft_model" if extra else name
         llm = LLM(args.model, max_model_len=2048, speculative_config={
-            "method": method, "num_speculative_tokens": args.k, "policy": "always"})
+            "method": method, "num_speculative_tokens": args.k, "policy": "always", **extra})
         engine, spec = llm.engine, llm.engine.spec
         llm.generate("warm up", SamplingParams(max_tokens=4), use_tqdm=False)
-        engine.spec = None
+        set_speculation(engine, spec, False)
         off_s, off_tokens, off_outs = timed_requests(llm, prompts, params)
-        engine.spec = spec
+        set_speculation(engine, spec, True)
         before = spec_counts(engine)
         on_s, on_tokens, on_outs = timed_requests(llm, prompts, params)
         drafts, drafted, accepted = (a - b for a, b in zip(spec_counts(engine), before))
         assert on_outs == off_outs, "greedy outputs must not change"
-        runs[method] = {"off_seconds": off_s, "on_seconds": on_s, "output_tokens": on_tokens,
-                        "off_ms_per_token": 1e3 * off_s / off_tokens, "on_ms_per_token": 1e3 * on_s / on_tokens,
-                        "speedup_batch1": off_s / on_s, "acceptance_rate": accepted / max(drafted, 1),
-                        "mean_acceptance_length": 1 + accepted / max(drafts, 1), "num_draft_tokens": drafted,
-                        "engine_config": engine.config.to_flat()}
-        print(method, json.dumps({k: v for k, v in runs[method].items() if k != "engine_config"}), flush=True)
+        runs[name] = {"off_seconds": off_s, "on_seconds": on_s, "output_tokens": on_tokens,
+                      "off_ms_per_token": 1e3 * off_s / off_tokens, "on_ms_per_token": 1e3 * on_s / on_tokens,
+                      "speedup_batch1": off_s / on_s, "acceptance_rate": accepted / max(drafted, 1),
+                      "mean_acceptance_length": 1 + accepted / max(drafts, 1), "num_draft_tokens": drafted,
+                      **({"draft": f"default model's first {layers} of 30 layers" if layers
+                          else "the default model itself"} if layers is not None else {}),
+                      "engine_config": engine.config.to_flat()}
+        print(name, json.dumps({k: v for k, v in runs[name].items() if k != "engine_config"}), flush=True)
         del llm, engine, spec
     return {"workload": "code editing: a file of this repo in the prompt, return it with one rename",
             "files": [e[0] for e in EDITS], "file_chars": args.file_chars, "output_len": args.output_len,
@@ -106,24 +157,44 @@ def _generate(llm, prompts, out_len):
     return elapsed, tokens, sorted(itl)[len(itl) // 2], [o.outputs[0].token_ids for o in outs]
 
 
+def draft_cost_replay(spec):
+    """BENCHMARK ONLY: a replay proposer that first runs the engine's draft model proposer (its forwards are
+    paid for, its drafts discarded)."""
+    from shared_engine.spec_decode.replay_proposer import ReplayProposer
+
+    class DraftCostReplayProposer(ReplayProposer):
+        def __init__(self, config, draft) -> None:
+            super().__init__(config)
+            self.draft = draft
+
+        def propose(self, requests, caps):
+            self.draft.propose(requests, caps)
+            return super().propose(requests, caps)
+
+    return DraftCostReplayProposer(spec.config, spec.proposer)
+
+
 def replay_workload(args) -> dict:
     from shared_engine import LLM
     from shared_engine.spec_decode.policy import make_policy
 
+    method = {"method": "draft_model", "model": args.draft_model} if args.draft_model else {"method": "replay"}
     llm = LLM(args.model, load_format=args.load_format, max_model_len=args.input_len + args.output_len + 64,
               max_num_seqs=max([8, *args.batch_sizes]), speculative_config={
-                  "method": "replay", "num_speculative_tokens": max(args.ks), "policy": "always"})
+                  **method, "num_speculative_tokens": max(args.ks), "policy": "always"})
     engine, spec = llm.engine, llm.engine.spec
+    if args.draft_model:
+        spec.proposer = draft_cost_replay(spec)
     rng = random.Random(0)
     _generate(llm, [[rng.randint(100, 10000) for _ in range(16)]], 8)  # warm-up
     base = engine.config.speculative_config
     results = {"batch1": [], "throughput": []}
     prompt = [[rng.randint(100, 10000) for _ in range(args.input_len)]]
-    engine.spec = None
+    set_speculation(engine, spec, False)
     off_s, _, off_itl, truth = _generate(llm, prompt, args.output_len)
     spec.proposer.record(prompt[0], truth[0])
     results["batch1"].append({"speculation": "off", "median_itl_ms": 1e3 * off_itl})
-    engine.spec = spec
+    set_speculation(engine, spec, True)
     for a in args.acceptance:
         for k in args.ks:
             spec.proposer.acceptance_rate = a
@@ -140,9 +211,9 @@ def replay_workload(args) -> dict:
             print(json.dumps(results["batch1"][-1]), flush=True)
     for batch in [b for b in args.batch_sizes if b > 0]:
         prompts = [[rng.randint(100, 10000) for _ in range(args.input_len)] for _ in range(batch)]
-        engine.spec = None
+        set_speculation(engine, spec, False)
         off_s, tokens, _, truth = _generate(llm, prompts, args.output_len)
-        engine.spec = spec
+        set_speculation(engine, spec, True)
         for p, t in zip(prompts, truth):
             spec.proposer.record(p, t)
         spec.proposer.acceptance_rate = args.throughput_acceptance
@@ -157,9 +228,13 @@ def replay_workload(args) -> dict:
                                       "greedy_outputs_equal": outs == truth,
                                       "policy_fit_c0_c1_c2": spec.policy.step_time()})
         print(json.dumps(results["throughput"][-1]), flush=True)
+    proposer = ("replay (BENCHMARK ONLY: drafts the target's recorded greedy continuation, each token right with "
+                "the given probability; not a real proposer)")
+    if args.draft_model:
+        proposer += (f"; every step also runs the draft model {args.draft_model} (its proposal forwards and KV "
+                     "mirror), whose drafts are discarded: the cost of that draft model at the set acceptance")
     return {"workload": "random token prompts, greedy, ignore_eos", "input_len": args.input_len,
-            "output_len": args.output_len, "proposer": "replay (BENCHMARK ONLY: drafts the target's recorded "
-            "greedy continuation, each token right with the given probability; not a real proposer)",
+            "output_len": args.output_len, "proposer": proposer,
             "engine_config": engine.config.to_flat(), "results": results}
 
 
@@ -169,6 +244,10 @@ def main() -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--load-format", default="auto")
     p.add_argument("--k", type=int, default=5)
+    p.add_argument("--methods", nargs="+", default=["ngram", "suffix"], choices=["ngram", "suffix", "draft_model"])
+    p.add_argument("--draft-layers", type=int, nargs="+", default=[6],
+                   help="draft_model: one run per value, the default model's first N layers (0: itself)")
+    p.add_argument("--draft-model", default=None, help="replay: also run this draft model every step (its cost)")
     p.add_argument("--ks", type=int, nargs="+", default=[3, 5])
     p.add_argument("--acceptance", type=float, nargs="+", default=[0.6, 0.8])
     p.add_argument("--throughput-acceptance", type=float, default=0.8)

@@ -18,19 +18,24 @@ Two kinds of forward pass write it:
 
 Drafts are the draft model's greedy tokens (one-hot q): exact under verification for every sampling setting
 (the rejection sampler's one-hot path, as for n-gram drafts). The next input is read on the device (the
-placeholder path of async scheduling), so a proposal waits for the device once, for all k steps.
+placeholder path of async scheduling), so a proposal waits for the device once, for all k steps. On CUDA
+both kinds of forward replay the draft's own CUDA graphs where a step fits one (decode graphs for proposals;
+decode, mixed and varlen graphs for the mirror), captured like the target's (`ModelRunner.capture_cuda_graphs`)
+once its cache is allocated; their memory pool is not in the memory profile.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 
 from shared_engine.config.lora_config import LoRAConfig
-from shared_engine.config.speculative_config import SpecDecodeSection
 from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared_engine.model_executor.input_builder import StepInputs, build_inputs
+
+logger = logging.getLogger("shared_engine")
 
 
 class DraftModelRunner:
@@ -50,7 +55,8 @@ class DraftModelRunner:
         dummy = source.path is None or engine_config.model.load_format == "dummy"
         model = dataclasses.replace(engine_config.model, model=source.name, tokenizer=None,
                                     load_format="dummy" if dummy else "auto")
-        config = dataclasses.replace(engine_config, model=model, lora=LoRAConfig(), speculative=SpecDecodeSection())
+        # the speculative section stays: the draft's varlen graphs (mirrors of speculative steps) are sized by k
+        config = dataclasses.replace(engine_config, model=model, lora=LoRAConfig())
         self.runner = ModelRunner(config, source)  # the draft's weights, dtype, device and attention backend
         self.model, self.device, self.backend = self.runner.model, self.runner.device, self.runner.backend
         self.block_size = config.cache.block_size
@@ -60,6 +66,9 @@ class DraftModelRunner:
         self.num_blocks = 0
         self.num_mirrored_tokens = 0  # tokens the mirror has run (every target step's)
         self.num_proposal_steps = 0  # decode-shaped draft forwards of proposals
+        logger.info("Draft model %s loaded (%s weights, %d layers, %s, %s) in %.1f s", source.name,
+                    "dummy" if dummy else "real", source.arch.num_layers, self.runner.dtype_name, self.device,
+                    self.runner.load_seconds)
 
     @property
     def kv_bytes_per_block(self) -> int:
@@ -71,15 +80,25 @@ class DraftModelRunner:
         return self.num_scratch_blocks * self.kv_bytes_per_block
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """The target's `num_blocks` (same ids) and the scratch blocks after them."""
+        """The target's `num_blocks` (same ids) and the scratch blocks after them; then (CUDA) the graphs."""
         self.num_blocks = num_blocks
         self.runner.allocate_kv_cache(num_blocks + self.num_scratch_blocks)
+        self.runner.capture_cuda_graphs()
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Hidden states `[num_tokens, hidden]`: a graph replay where the step fits one, else eager."""
+        graphs = self.runner.graph_runner
+        key = None if graphs is None else graphs.select(inputs.meta, inputs.input_ids.shape[0])
+        if key is not None:
+            self.runner.graph_steps += 1
+            return graphs.run(key, inputs.input_ids, inputs.positions, inputs.meta)
+        return self.model(inputs.input_ids, inputs.positions, self.runner.kv_caches, inputs.meta, self.backend)
 
     @torch.inference_mode()
     def mirror(self, inputs: StepInputs) -> None:
         """Run the draft over a target step's inputs (after their placeholders were patched), writing its KV
         at the step's slots; no logits."""
-        self.model(inputs.input_ids, inputs.positions, self.runner.kv_caches, inputs.meta, self.backend)
+        self._forward(inputs)
         self.num_mirrored_tokens += inputs.input_ids.shape[0]
 
     @torch.inference_mode()
@@ -117,7 +136,7 @@ class DraftModelRunner:
                                       requests[i].num_computed_tokens + step, tables[i], True) for i in active]
             inputs = build_inputs(SchedulerOutput(items, num_batched_tokens=len(items)), self.block_size, self.device)
             inputs.patch_placeholders(previous)
-            hidden = self.model(inputs.input_ids, inputs.positions, self.runner.kv_caches, inputs.meta, self.backend)
+            hidden = self._forward(inputs)
             previous = self.model.compute_logits(hidden[inputs.sample_indices]).argmax(dim=-1)  # [len(active)]
             outputs.append((active, previous))
             self.num_proposal_steps += 1

@@ -1,19 +1,30 @@
 """Speculative decoding changes nothing but speed: greedy outputs (token ids, text, finish reasons, stop
-reasons, logprobs, cached tokens, token counts) equal speculation off for n-gram drafting, in one mixed batch
-(penalties, min_tokens, n=2, logprobs, max_tokens 1..18 with k=5, stop strings and stop ids inside accepted
-runs), with and without prefix caching, on the second call of the same prompts too, streamed and not."""
+reasons, logprobs, cached tokens, token counts) equal speculation off for n-gram and suffix drafting and for
+the default model as its own draft model, in one mixed batch (penalties, min_tokens, n=2, logprobs, max_tokens
+1..18 with k=5, stop strings and stop ids inside accepted runs), with and without prefix caching, on the second
+call of the same prompts too, streamed and not; and for a draft made of the default model's first 6 layers
+(k = 2) on the 20 plain prompts and their second call (it accepts few drafts, so on the CPU each of its tokens
+costs several target token forwards)."""
 
 from __future__ import annotations
 
 import pytest
 
 from shared_engine import LLM
+from shared_engine.model_loader.layer_subset import write_layer_subset
 from tests.engine.spec_cases import NUMBERS, greedy, mixed_batch, prompts
 
 K = 5
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "policy": "always"}
 SUFFIX = {"method": "suffix", "num_speculative_tokens": K, "policy": "always"}
-COMMON = {"max_model_len": 512, "kv_cache_memory": 160 * 2**20}
+# the same block count for every engine (a draft model's blocks hold its KV too), so prefix-cache hits match
+COMMON = {"max_model_len": 512, "num_gpu_blocks_override": 216, "max_num_seqs": 64}
+DRAFT_LAYERS = 6  # of 30: a draft that is mostly wrong, sometimes right
+SPECULATIVE = ["on", "suffix", "draft"]  # the whole mixed batch
+
+
+def _draft(model, k: int = K) -> dict:
+    return {"method": "draft_model", "model": str(model), "num_speculative_tokens": k, "policy": "always"}
 
 
 def _run(llm: LLM, cases):
@@ -25,26 +36,31 @@ def _summary(output):
 
 
 @pytest.fixture(scope="module")
-def runs():
+def runs(default_model_dir, tmp_path_factory):
     cases = mixed_batch()
+    layers = write_layer_subset(default_model_dir, tmp_path_factory.mktemp("draft-layers"), DRAFT_LAYERS)
     engines = {"off": LLM(**COMMON), "on": LLM(**COMMON, speculative_config=NGRAM),
                "suffix": LLM(**COMMON, speculative_config=SUFFIX),
+               "draft": LLM(**COMMON, speculative_config=_draft(default_model_dir)),
+               # k = 2: each rejected draft costs a verified token, and this draft's are mostly rejected
+               "draft_layers": LLM(**COMMON, speculative_config=_draft(layers, k=2)),
                "on_no_cache": LLM(**COMMON, enable_prefix_caching=False, speculative_config=NGRAM)}
-    results = {name: _run(llm, cases) for name, llm in engines.items() if name != "on_no_cache"}
-    results["on_no_cache"] = _run(engines["on_no_cache"], cases[:len(prompts())])  # the plain prompts
+    results = {name: _run(engines[name], cases) for name in ("off", *SPECULATIVE)}
+    for name in ("on_no_cache", "draft_layers"):
+        results[name] = _run(engines[name], cases[:len(prompts())])  # the plain prompts
     again = [(f"again{i}", p, greedy()) for i, p in enumerate(prompts()[::2])]
-    second = {name: _run(engines[name], again) for name in ("off", "on", "suffix")}
+    second = {name: _run(engines[name], again) for name in ("off", *SPECULATIVE, "draft_layers")}
     return cases, engines, results, second
 
 
-@pytest.mark.parametrize("engine", ["on", "suffix", "on_no_cache"])
+@pytest.mark.parametrize("engine", [*SPECULATIVE, "on_no_cache", "draft_layers"])
 def test_greedy_identity_mixed_batch(runs, engine):
     cases, _, results, _ = runs
     for (case, _, _), off, on in zip(cases, results["off"], results[engine]):
         assert _summary(on) == _summary(off), case
 
 
-@pytest.mark.parametrize("engine", ["on", "suffix"])
+@pytest.mark.parametrize("engine", SPECULATIVE)
 def test_speculation_was_exercised(runs, engine):
     cases, engines, results, _ = runs
     spec = engines[engine].engine.stats.spec
@@ -59,7 +75,7 @@ def test_speculation_was_exercised(runs, engine):
         assert len(by_case[f"max{m}"].outputs[0].token_ids) == m
 
 
-@pytest.mark.parametrize("engine", ["on", "suffix"])
+@pytest.mark.parametrize("engine", SPECULATIVE)
 def test_logprobs_are_the_targets(runs, engine):
     cases, _, results, _ = runs
     for (case, _, params), off, on in zip(cases, results["off"], results[engine]):
@@ -74,24 +90,39 @@ def test_logprobs_are_the_targets(runs, engine):
                 assert pb[tid].logprob != 0.0 or pa[tid].logprob == 0.0
 
 
-@pytest.mark.parametrize("engine", ["on", "suffix"])
+def test_draft_model_acceptance(runs):
+    """The model as its own draft accepts nearly everything on the plain prompts (its drafts are the target's
+    argmax, up to fp32 differences between the decode and the k + 1-query attention paths; the mixed batch's
+    penalty cases reject its unpenalised drafts more often); its first 6 layers much less, but not nothing."""
+    _, engines, _, _ = runs
+    spec = {name: engines[name].engine.stats.spec for name in ("draft", "draft_layers")}
+    rate = {name: s.num_accepted_tokens_total / s.num_draft_tokens_total for name, s in spec.items()}
+    assert rate["draft"] >= 0.8
+    assert spec["draft_layers"].num_accepted_tokens_total >= 10 and rate["draft_layers"] < 0.5
+
+
+@pytest.mark.parametrize("engine", [*SPECULATIVE, "draft_layers"])
 def test_second_call_hits_the_prefix_cache_the_same(runs, engine):
     _, engines, _, second = runs
     for off, on in zip(second["off"], second[engine]):
         assert _summary(on) == _summary(off)
         assert on.num_cached_tokens == off.num_cached_tokens
     assert sum(o.num_cached_tokens for o in second[engine]) > 0
+    if engine == "draft_layers":  # its first call had the plain prompts only: totals differ from "off"'s
+        return
     s_off, s_on = engines["off"].engine.scheduler, engines[engine].engine.scheduler
     assert (s_on.prefix_cache_queries, s_on.prefix_cache_hits) == (s_off.prefix_cache_queries, s_off.prefix_cache_hits)
 
 
 def test_generation_tokens_count_returned_tokens(runs):
     _, engines, results, second = runs
-    for name in ("off", "on", "suffix"):
+    for name in ("off", *SPECULATIVE):
         returned = sum(len(c.token_ids) for out in results[name] + second[name] for c in out.outputs)
         assert engines[name].engine.stats.num_generation_tokens_total == returned
     returned = sum(len(c.token_ids) for out in results["on_no_cache"] for c in out.outputs)
     assert engines["on_no_cache"].engine.stats.num_generation_tokens_total == returned
+    returned = sum(len(c.token_ids) for out in results["draft_layers"] + second["draft_layers"] for c in out.outputs)
+    assert engines["draft_layers"].engine.stats.num_generation_tokens_total == returned
     for llm in engines.values():
         llm.engine.block_manager.check_integrity()
         assert llm.engine.block_manager.usage == 0.0
@@ -113,7 +144,7 @@ def _stream(llm: LLM, prompt_ids, params, eos=None):
         engine.eos_token_ids = saved
 
 
-@pytest.mark.parametrize("engine", ["on", "suffix"])
+@pytest.mark.parametrize("engine", SPECULATIVE)
 @pytest.mark.parametrize("kind", ["stop_str", "stop_id", "eos", "length"])
 def test_stream_sends_nothing_past_the_stop(runs, kind, engine):
     _, engines, _, _ = runs
