@@ -17,11 +17,11 @@ class ModelConfig:
 
     `model` is a local Hugging Face directory, a preset name (`llama-3.1-8b`, `llama-3.1-70b`, `llama-3.2-1b`
     (the 8b's draft model: same tokenizer), `qwen3-0.6b`, `qwen2.5-0.5b`, `smollm2-135m`; real shapes, only with
-    `load_format="dummy"`) or None for the embedded default model (SmolLM2-135M-Instruct). `max_model_len` (tokens, prompt + output) None means
-    the model's `max_position_embeddings`. `dtype="auto"` is float32 on the CPU and bfloat16 on CUDA.
-    `disable_cascade_attn` (vLLM's name) turns off cascade decode attention, which on CUDA reads the block
-    prefix that a step's decodes share (a prefix-cached system prompt) once for the whole batch; the CPU path
-    never uses it.
+    `load_format="dummy"`) or None for the embedded default model (SmolLM2-135M-Instruct). `max_model_len`
+    (tokens, prompt + output) None means the model's `max_position_embeddings`. `dtype="auto"` is float32 on
+    the CPU and bfloat16 on CUDA. `disable_cascade_attn` (vLLM's name) turns off cascade decode attention,
+    which on CUDA reads the block prefix that a step's decodes share (a prefix-cached system prompt) once for
+    the whole batch; the CPU path never uses it.
     `quantization="fp8"` (vLLM's `--quantization fp8`, online): the decoder's linear layers are quantised at
     load to float8_e4m3fn with one scale per output channel, activations per token at run time, the matmul
     on FP8 tensor cores (`torch._scaled_mm`; CUDA, compute capability >= 8.9); embeddings, norms and the

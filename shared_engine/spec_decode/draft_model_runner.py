@@ -80,9 +80,11 @@ class DraftModelRunner:
         return self.num_scratch_blocks * self.kv_bytes_per_block
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """The target's `num_blocks` (same ids) and the scratch blocks after them; then (CUDA) the graphs."""
+        """The target's `num_blocks` (same ids) and the scratch blocks after them; then (CUDA) the graphs. No
+        host tier: with `kv_offload_size` only the target's KV is offloaded, so a block brought back holds stale
+        draft KV (fewer drafts accepted for it, outputs unchanged: verification decides)."""
         self.num_blocks = num_blocks
-        self.runner.allocate_kv_cache(num_blocks + self.num_scratch_blocks)
+        self.runner.allocate_kv_cache(num_blocks + self.num_scratch_blocks, with_host_tier=False)
         self.runner.capture_cuda_graphs()
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
