@@ -8,7 +8,12 @@ cache and a GPU slot:
   r16x30    30 distinct rank-16 adapters, request i on adapter i % 30 (uniform);
   mixed     30 adapters of ranks 8, 16 and 64 (10 each), request i on adapter i % 30;
 plus batch-1 inter-token latency (one request, --itl-tokens out) on the base engine and on one rank-16
-adapter, and the time to bring a rank-16 adapter from the CPU cache into a GPU slot (synchronised).
+adapter, and the time to bring a rank-16 adapter from the CPU cache into a GPU slot (synchronised; also
+the host time until the load returns, and the same for the path up to 284c523: fp32 tensors converted and copied
+from pageable memory per load). Each run records where its time went (`phases`: steps, the engine's
+schedule / model runner / output seconds, the GPU span of its steps, adapters read from disk and slot loads
+inside the timed call), and `revalidation_seconds_r16x30` is what re-reading the 30 adapters from disk
+cost (every timed `generate` did that before dc676b4).
 Adapters are random (scripts/make_adapters.py random: q/k/v/o, lora_alpha 2r, bf16). Results JSON records
 hardware, model, config and commit; it is rewritten after every run, so a run cut short keeps what it did.
 
@@ -48,6 +53,22 @@ def itl_ms(llm, prompt, n: int, lora=None) -> float:
     return (long - short) / n * 1e3
 
 
+def counters(llm) -> dict:
+    """Cumulative engine counters that `phases` turns into one run's share."""
+    stats, runner = llm.engine.stats, llm.engine.runner
+    lora = runner.lora
+    schedule, model, output, gpu = stats.phase_seconds_total
+    return {"steps": stats.num_steps, "schedule_s": schedule, "model_runner_s": model, "output_s": output,
+            "gpu_span_s": runner.gpu_span_seconds, "graph_steps": runner.graph_steps,
+            "disk_loads": 0 if lora is None else lora.num_disk_loads,
+            "slot_loads": 0 if lora is None else lora.num_slot_loads}
+
+
+def phases(before: dict, after: dict) -> dict:
+    return {k: round(after[k] - before[k], 3) if isinstance(after[k], float) else after[k] - before[k]
+            for k in after}
+
+
 def runner_stats(llm) -> dict:
     """The engine's graph counters: startup costs and which steps replayed a CUDA graph (cumulative)."""
     r = llm.engine.runner
@@ -55,6 +76,36 @@ def runner_stats(llm) -> dict:
             "graph_steps": r.graph_steps, "mixed_graph_steps": r.mixed_graph_steps,
             "base_only_graph_steps": r.base_only_graph_steps, "compile_seconds": round(r.compile_seconds, 1),
             "load_seconds": round(r.load_seconds, 1)}
+
+
+def time_slot_load(load) -> dict:
+    """ms for `load()` to return (host) and to complete (synchronised), min and median of 5."""
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    host, total = [], []
+    for _ in range(5):
+        sync()
+        t0 = time.perf_counter()
+        load()
+        host.append(time.perf_counter() - t0)
+        sync()
+        total.append(time.perf_counter() - t0)
+    return {"min": round(min(total) * 1e3, 2), "median": round(sorted(total)[2] * 1e3, 2),
+            "host_return_median": round(sorted(host)[2] * 1e3, 2)}
+
+
+def write_slot_pageable(manager, slot: int, adapter) -> None:
+    """The slot load before the pinned images (284c523 and earlier): each fp32 tensor converted and copied
+    from pageable memory at load time."""
+    for layer in range(manager.arch.num_layers):
+        for module, (projection, index) in manager.model.lora_targets(layer).items():
+            pair = adapter.weights.get((layer, module))
+            if pair is None:
+                projection.write_slot(slot, index, None, None)
+            else:
+                a, b = (t.to(manager.device, manager.dtype, non_blocking=True) for t in pair)
+                projection.write_slot(slot, index, a, b)
 
 
 def main() -> None:
@@ -69,6 +120,7 @@ def main() -> None:
     p.add_argument("--adapter-dir", type=Path, default=Path("/tmp/lora_bench_adapters"))
     p.add_argument("--targets", nargs="+", default=["q_proj", "k_proj", "v_proj", "o_proj"])
     p.add_argument("--lora-kernel", default="sgmv", choices=["sgmv", "bgmv"])
+    p.add_argument("--max-loras", type=int, default=32, help="GPU slots (the README table: 32, all 30 resident)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
 
@@ -96,8 +148,10 @@ def main() -> None:
                   gpu_memory_utilization=0.8)
     llm = LLM(args.model, **common)
     llm.generate(prompts[:8], SamplingParams(max_tokens=4), use_tqdm=False)
+    before = counters(llm)
     seconds = timed_generate(llm, prompts, params)
-    results["runs"]["base"] = {"seconds": round(seconds, 3), "output_tok_s": round(tokens / seconds, 1)}
+    results["runs"]["base"] = {"seconds": round(seconds, 3), "output_tok_s": round(tokens / seconds, 1),
+                               "phases": phases(before, counters(llm))}
     results["itl_ms"] = {"base": round(itl_ms(llm, prompts[0], args.itl_tokens), 3)}
     results["runner"] = {"base": runner_stats(llm)}
     save()
@@ -106,7 +160,8 @@ def main() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
-    lora_cfg = dict(enable_lora=True, max_loras=32, max_lora_rank=64, max_cpu_loras=64, lora_kernel=args.lora_kernel)
+    lora_cfg = dict(enable_lora=True, max_loras=args.max_loras, max_lora_rank=64, max_cpu_loras=64,
+                    lora_kernel=args.lora_kernel)
     llm = LLM(args.model, **common, **lora_cfg)
     results["engine_config"] = {**common, **lora_cfg}
     ids = iter(range(1, 1000))
@@ -117,29 +172,34 @@ def main() -> None:
         per_request = None if loras is None else [loras[i % len(loras)] for i in range(args.num_requests)]
         warm = [prompts[i % len(prompts)] for i in range(len(loras or [0]))]
         llm.generate(warm, SamplingParams(max_tokens=2), use_tqdm=False, lora_request=loras)
+        before = counters(llm)
         seconds = timed_generate(llm, prompts, params, per_request)
         results["runs"][name] = {"seconds": round(seconds, 3), "output_tok_s": round(tokens / seconds, 1),
-                                 "vs_base": round(results["runs"]["base"]["seconds"] / seconds, 4)}
+                                 "vs_base": round(results["runs"]["base"]["seconds"] / seconds, 4),
+                                 "phases": phases(before, counters(llm))}
         save()
     results["itl_ms"]["lora_r16"] = round(itl_ms(llm, prompts[0], args.itl_tokens, r16[0]), 3)
     results["itl_ms"]["lora_engine_base"] = round(itl_ms(llm, prompts[0], args.itl_tokens), 3)
     results["itl_ms"]["r16_overhead_vs_base"] = round(results["itl_ms"]["lora_r16"] / results["itl_ms"]["base"] - 1, 4)
     manager = llm.engine.runner.lora
-    adapter = manager._cpu[r16[0].cache_key]
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    times = []
-    for _ in range(5):
-        sync()
-        t0 = time.perf_counter()
-        manager._write_slot(31, adapter)
-        sync()
-        times.append(time.perf_counter() - t0)
-    results["slot_load_ms_rank16"] = {"min": round(min(times) * 1e3, 2), "median": round(sorted(times)[2] * 1e3, 2),
-                                      "adapter_bytes_fp32_cpu": adapter.num_bytes}
+    image = manager._cpu[r16[0].cache_key]
+    results["slot_load_ms_rank16"] = {**time_slot_load(lambda: manager._write_slot(args.max_loras - 1, image)),
+                                      "adapter_bytes_host": image.num_bytes, "host_dtype": str(image.buffer.dtype),
+                                      "pinned": image.buffer.is_pinned()}
+    from shared_engine.lora.lora_manager import load_checked
+
+    adapter = load_checked(r16[0], llm.engine.source.arch, llm.engine.config.lora)  # fp32, pageable
+    old_path = time_slot_load(lambda: write_slot_pageable(manager, args.max_loras - 1, adapter))
+    results["slot_load_ms_rank16_pageable_fp32"] = {**old_path, "adapter_bytes_host": adapter.num_bytes}
+    started = time.perf_counter()
+    for lora in r16:
+        load_checked(lora, llm.engine.source.arch, llm.engine.config.lora)
+    results["revalidation_seconds_r16x30"] = round(time.perf_counter() - started, 3)
     results["num_slot_loads"] = manager.num_slot_loads
     results["runner"]["lora"] = runner_stats(llm)
     save()
-    print(json.dumps(results["runs"], indent=2), json.dumps(results["itl_ms"]), results["slot_load_ms_rank16"])
+    print(json.dumps(results["runs"], indent=2), json.dumps(results["itl_ms"]), results["slot_load_ms_rank16"],
+          results["slot_load_ms_rank16_pageable_fp32"], "revalidation s:", results["revalidation_seconds_r16x30"])
 
 
 if __name__ == "__main__":

@@ -6,12 +6,17 @@
 #      base-only graphs (tests/engine/test_cuda_graphs.py, whose graph keys changed, is not run here);
 #   3. scripts/bench_lora_kernels.py: SGMV vs BGMV per projection at T = 1, 240, 2048 (graph replays);
 #   4. scripts/bench_lora.py: base engine vs the LoRA engine on the base, 30 rank-16 adapters, 30 of ranks
-#      8/16/64, batch-1 ITL, the CPU-cache-to-slot time (NUM_REQUESTS, default 240 as in the README table).
+#      8/16/64, batch-1 ITL, the CPU-cache-to-slot time for the pinned slot images and for the old pageable
+#      fp32 path, each run's phases (steps, host / GPU-span seconds) (NUM_REQUESTS, default 240 as in the
+#      README table);
+#   5. (only with STEPS=churn, not in "all") the same benchmark with 8 GPU slots for the 30 adapters: slot
+#      loads inside the timed runs (the admission waits for slots too), ~130 s.
 # Each step has its own time limit, so one slow step cannot starve the next. Estimate (not measured) on one
 # H200, cold Triton cache: ~45 + ~35 + ~25 + ~130 s; STEPS="kernels bench" ~175 s. The benchmark's two
 # llama-3.1-8b engine start-ups (graph capture) and its adapter writing dominate.
 #   GIT_COMMIT=<sha> scripts/gpu_lora_check.sh OUTDIR      (the device copy has no .git)
-# STEPS: which steps (default all; any of: kernels graphs micro bench), e.g. STEPS="kernels bench".
+# STEPS: which steps (default all; any of: kernels graphs micro bench churn; all leaves churn out), e.g.
+# STEPS="kernels bench" or STEPS="bench churn" (~260 s).
 set -uo pipefail
 OUT=${1:?usage: gpu_lora_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -46,5 +51,10 @@ if want bench; then
   step "bench_lora (llama-3.1-8b dummy, ${NUM_REQUESTS:-240} requests)"
   GIT_COMMIT=$COMMIT timeout 240 $PY scripts/bench_lora.py --num-requests "${NUM_REQUESTS:-240}" \
     --out "$OUT/lora_h200_llama8b_${COMMIT}.json" 2>&1 | tail -40 | tee "$OUT/bench_lora_${COMMIT}.log"
+fi
+if [[ "$STEPS" == *" churn "* ]]; then
+  step "bench_lora with 8 slots for 30 adapters (slot loads in the timed runs)"
+  GIT_COMMIT=$COMMIT timeout 240 $PY scripts/bench_lora.py --num-requests "${NUM_REQUESTS:-240}" --max-loras 8 \
+    --out "$OUT/lora_h200_llama8b_slots8_${COMMIT}.json" 2>&1 | tail -40 | tee "$OUT/bench_lora_slots8_${COMMIT}.log"
 fi
 echo "== done in $(( $(date +%s) - started )) s"

@@ -1,8 +1,9 @@
 """`LoRAManager`: the model runner's adapters, on disk → in the CPU cache → in a GPU slot.
 
-- CPU cache: adapters read and validated from disk (`peft_adapter.load_adapter`), least recently used
-  first out beyond `max_cpu_loras`, except that an adapter a queued or running request uses (`acquire`d,
-  not yet `release`d) is never evicted.
+- CPU cache: adapters read and validated from disk (`peft_adapter.load_adapter`), held as a slot holds
+  them (`slot_image.SlotImage`: model dtype, one pinned buffer on CUDA, so a slot load is asynchronous
+  copies), least recently used first out beyond `max_cpu_loras`, except that an adapter a queued or running
+  request uses (`acquire`d, not yet `release`d) is never evicted.
 - GPU slots: `max_loras` slots in the model's LoRA layers (layers/lora.py). Before each step `prepare`
   puts every adapter the step uses into a slot, evicting the least recently used slot whose adapter no
   running request uses (`SchedulerOutput.running_loras`; the scheduler keeps those at most `max_loras`,
@@ -28,6 +29,7 @@ from shared_engine.core.scheduler_output import SchedulerOutput
 from shared_engine.lora.errors import LoRAValidationError
 from shared_engine.lora.lora_request import LoRARequest
 from shared_engine.lora.peft_adapter import LoRAAdapter, content_digest, load_adapter, resolve_adapter_path
+from shared_engine.lora.slot_image import SlotImage, make_slot_image
 from shared_engine.model_arch import ModelArch
 from shared_engine.model_executor.layers.lora import LoRAContext
 
@@ -53,7 +55,9 @@ class LoRAManager:
         model.enable_lora(self.ctx, config.max_lora_rank)
         self.model, self.config, self.arch = model, config, arch
         self.dtype, self.device = ref.dtype, ref.device
-        self._cpu: OrderedDict[str, LoRAAdapter] = OrderedDict()  # cache_key → adapter, LRU first
+        # cache_key → the adapter as a slot holds it (model dtype, pinned on CUDA: slot_image.py), LRU first
+        self._cpu: OrderedDict[str, SlotImage] = OrderedDict()
+        self._pin = self.device.type == "cuda"
         self._users: dict[str, str] = {}  # request id → cache_key
         self._refs: Counter[str] = Counter()
         self._slots: list[str | None] = [None] * config.max_loras  # slot → cache_key
@@ -91,7 +95,8 @@ class LoRAManager:
     def _cache(self, lora_request: LoRARequest) -> str:
         key = lora_request.cache_key
         if key not in self._cpu:
-            self._cpu[key] = load_checked(lora_request, self.arch, self.config)
+            adapter = load_checked(lora_request, self.arch, self.config)
+            self._cpu[key] = make_slot_image(adapter, self.dtype, self._pin)
             self.num_disk_loads += 1
         self._cpu.move_to_end(key)
         return key
@@ -155,22 +160,24 @@ class LoRAManager:
             if victim is None:
                 raise RuntimeError(f"all {len(self._slots)} LoRA slots are held by running requests")
             slot = self._slot_lru.pop(victim)
-        adapter = self._cpu[key]
-        self._write_slot(slot, adapter)
-        self._slots[slot], self._slot_names[slot] = key, adapter.name
+        image = self._cpu[key]
+        self._write_slot(slot, image)
+        self._slots[slot], self._slot_names[slot] = key, image.name
         self._slot_lru[key] = slot
         return slot
 
     @torch.no_grad()
-    def _write_slot(self, slot: int, adapter: LoRAAdapter) -> None:
+    def _write_slot(self, slot: int, image: SlotImage) -> None:
+        """Copy `image` into `slot` on the current stream (asynchronous from pinned memory on CUDA: queued
+        after the step in flight, so it never changes a step that already runs)."""
         started = time.perf_counter()
         for layer in range(self.arch.num_layers):
             for module, (projection, index) in self.model.lora_targets(layer).items():
-                pair = adapter.weights.get((layer, module))
+                pair = image.parts.get((layer, module))
                 if pair is None:
                     projection.write_slot(slot, index, None, None)
                 else:
-                    a, b = (t.to(self.device, self.dtype, non_blocking=True) for t in pair)
-                    projection.write_slot(slot, index, a, b)
+                    a, bt = pair
+                    projection.write_slot(slot, index, a, bt.t())
         self.num_slot_loads += 1
         self.slot_load_seconds += time.perf_counter() - started
