@@ -44,13 +44,15 @@ def pair():
 
 
 def test_fp8_pool_is_e4m3_with_four_times_the_fp32_blocks(pair):
+    """4x fp32's blocks on the CPU; on CUDA (bf16) 2x."""
     (ref, _, _), (fp8, _, _) = pair
     cache, ref_cache = fp8.engine.runner.kv_caches[0], ref.engine.runner.kv_caches[0]
-    assert cache.dtype == torch.float8_e4m3fn and ref_cache.dtype == torch.float32
+    assert cache.dtype == torch.float8_e4m3fn and ref_cache.dtype == ref.engine.runner.dtype
+    ratio = ref_cache.element_size()  # 4 (fp32, CPU) or 2 (bf16, CUDA)
     n, n_ref = fp8.engine.block_manager.num_blocks, ref.engine.block_manager.num_blocks
     bytes_per_block = fp8.engine.runner.kv_bytes_per_block
     assert n == KV_BYTES // bytes_per_block and n_ref == KV_BYTES // ref.engine.runner.kv_bytes_per_block
-    assert bytes_per_block * 4 == ref.engine.runner.kv_bytes_per_block and n >= 4 * n_ref
+    assert bytes_per_block * ratio == ref.engine.runner.kv_bytes_per_block and n >= ratio * n_ref
     arch = fp8.engine.runner.arch
     assert arch.kv_bytes_per_token("bfloat16") == 2 * arch.kv_bytes_per_token("fp8")  # ~2x bf16's tokens
     assert sum(c.numel() for c in fp8.engine.runner.kv_caches) == n * bytes_per_block  # 1 byte per element

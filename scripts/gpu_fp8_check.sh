@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Issue 23's FP8 checks on one CUDA machine (H200), results to OUTDIR. NOT YET RUN (written without GPU time).
+#   1. FP8 kernel tests on CUDA: KV write bit-equal to torch's cast, decode/prefill/shared-prefix over an FP8
+#      cache vs the dequantised references (with the gpu-marked llama-8b shapes), the Triton backend vs the torch
+#      backend over an FP8 cache, torch._scaled_mm vs its float emulation at llama-8b projection shapes;
+#   2. scripts/fp8_layer_error.py on the dummy llama-3.1-8b (bf16): per-layer and logit error of FP8 KV, FP8
+#      weights and both against bf16, 4 x 1,024-token prompts + 8 teacher-forced decode steps;
+#   3. the CPU engine tests of --kv-cache-dtype fp8 / --quantization fp8, now on CUDA (bf16, CUDA graphs, the
+#      Triton kernels; the pool-ratio test then sees the memory profile's blocks);
+#   4. 1,000 / 1,000 offline throughput (bench_offline.py, dummy llama-3.1-8b, ignore_eos, max_num_seqs 1024,
+#      max_num_batched_tokens 8192, --roofline: the bound priced in FP8 with the FP8 rate measured in the same
+#      run): bf16 (the ratio's denominator, same run), FP8 KV, FP8 KV + FP8 weights. STEPS=1,2,3 skips step 4.
+# Estimate on one H200, cold Triton cache: ~60 + ~60 + ~60 s, then ~3 x (60 s start-up + 80-110 s run) ~= 8 min
+# for step 4: about 11 min in all, more than one 10-minute call: run STEPS=1,2,3 in one call and STEPS=4 in
+# another (or STEPS=4 FP8_ONLY=1: skip the bf16 run, ~6 min, and compare with the last bf16 results file).
+#   GIT_COMMIT=<sha> [STEPS=1,2,3,4] scripts/gpu_fp8_check.sh OUTDIR      (the device copy has no .git)
+set -uo pipefail
+OUT=${1:?usage: gpu_fp8_check.sh OUTDIR}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$(pwd):${PYTHONPATH:-}"
+PY=${PYTHON:-python3}
+COMMIT=${GIT_COMMIT:-unknown}
+export GIT_COMMIT=$COMMIT
+STEPS=${STEPS:-1,2,3,4}
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
+step() { echo "== $1 ($(date +%T))"; }
+started=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/nvidia_smi.txt"
+
+if want 1; then
+  step "FP8 kernel and layer tests (CUDA)"
+  timeout 150 $PY -m pytest tests/kernels/test_fp8_kv_cache.py "tests/kernels/test_triton_backend.py" \
+    tests/engine/test_fp8_linear.py -q -p no:cacheprovider -rs 2>&1 | tail -12 | tee "$OUT/fp8_kernel_tests_${COMMIT}.log"
+fi
+
+if want 2; then
+  step "per-layer error of FP8 KV / FP8 weights vs bf16 (dummy llama-3.1-8b)"
+  timeout 180 $PY scripts/fp8_layer_error.py --model llama-3.1-8b --load-format dummy \
+    --out "$OUT/fp8_layer_error_h200_llama8b_${COMMIT}.json" 2>&1 | tail -6 | tee "$OUT/fp8_layer_error_${COMMIT}.log"
+fi
+
+if want 3; then
+  step "FP8 engine tests (CUDA)"
+  timeout 180 $PY -m pytest tests/engine/test_fp8_kv_cache.py -q -p no:cacheprovider -rs 2>&1 | tail -8 \
+    | tee "$OUT/fp8_engine_tests_${COMMIT}.log"
+fi
+
+if want 4; then
+  common=(--model llama-3.1-8b --load-format dummy --num-requests 1000 --input-len-min 1000 --input-len-max 1000
+          --output-len-min 1000 --output-len-max 1000 --max-model-len 2048 --max-num-seqs 1024
+          --max-num-batched-tokens 8192 --hf-mode none --roofline)
+  if [[ -z "${FP8_ONLY:-}" ]]; then
+    step "1000/1000 offline, bf16"
+    timeout 330 $PY scripts/bench_offline.py "${common[@]}" --out "$OUT/offline_llama8b_1000x1000_bf16_${COMMIT}.json" \
+      2>&1 | grep -E "^(ours|roofline|median)" | tee "$OUT/offline_bf16_${COMMIT}.log"
+  fi
+  step "1000/1000 offline, FP8 KV"
+  timeout 300 $PY scripts/bench_offline.py "${common[@]}" --kv-cache-dtype fp8 \
+    --out "$OUT/offline_llama8b_1000x1000_fp8kv_${COMMIT}.json" 2>&1 | grep -E "^(ours|roofline|median)" \
+    | tee "$OUT/offline_fp8kv_${COMMIT}.log"
+  step "1000/1000 offline, FP8 KV + FP8 weights"
+  timeout 300 $PY scripts/bench_offline.py "${common[@]}" --kv-cache-dtype fp8 --quantization fp8 \
+    --out "$OUT/offline_llama8b_1000x1000_fp8_${COMMIT}.json" 2>&1 | grep -E "^(ours|roofline|median)" \
+    | tee "$OUT/offline_fp8_${COMMIT}.log"
+fi
+echo "== done in $(( $(date +%s) - started )) s"
