@@ -29,6 +29,14 @@ harmless: the prefix kernel scores their rows against this step's prefix, real b
 kernel finds their suffix [prefix_len, 1) empty, so they read only valid blocks and write only their own
 (finite, garbage) partial and output rows. Capture runs with prefix_len 0: the suffix kernel alone.
 
+Varlen graphs, for speculative steps of more than `max_prefill_seqs` requests (each query length k + 1): one
+per (S sequences, T = S * (k + 1) tokens) from `varlen_buckets`, key `(-S, T, False, lora)`. There is no
+decode part: every sequence of the step, its plain decodes too (query length 1), goes through the varlen
+prefill kernel, whose grid is captured for `varlen_max_query_len` = k + 1 query tokens per sequence; rows
+past the step's tokens are padding (slot -1, in no sequence), sequences past its own have query length 0.
+A step fits when its sequences <= S, tokens <= T and longest query <= k + 1 (no longer prefill chunk), and
+no mixed graph fits it.
+
 LoRA (`lora_ctx`, a LoRAContext): every graph is captured with the LoRA layers (key `(D, T, cascade,
 True)`), reading the context's fixed slot buffers, which the model runner fills in the graph's padded row
 layout (`pad_rows`: padding rows slot -1, so they add nothing). Decode graphs are also captured without
@@ -49,7 +57,28 @@ from shared_engine.model_executor.attention.metadata import AttentionMetadata
 PREFILL_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 DECODE_BUCKETS = (0, 8, 16, 24, 32, 48, 64, 128, 256, 512)
 MAX_PREFILL_SEQS = 8
+# sequence buckets of varlen graphs (speculative steps beyond MAX_PREFILL_SEQS requests)
+VARLEN_SEQ_BUCKETS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _TOKEN_ALIGN = 16
+
+
+def varlen_buckets(max_num_seqs: int, num_speculative_tokens: int, max_prefill_seqs: int) -> list[tuple[int, int]]:
+    """(S sequences, T tokens) of the varlen graphs for speculative steps with k = `num_speculative_tokens`:
+    every S from VARLEN_SEQ_BUCKETS above `max_prefill_seqs` (fewer ride the mixed graphs) and below
+    `max_num_seqs`, then `max_num_seqs` itself; T = S * (k + 1). [] without speculation (k = 0)."""
+    if num_speculative_tokens <= 0 or max_num_seqs <= max_prefill_seqs:
+        return []
+    seqs = [s for s in VARLEN_SEQ_BUCKETS if max_prefill_seqs < s < max_num_seqs] + [max_num_seqs]
+    return [(s, s * (num_speculative_tokens + 1)) for s in seqs]
+
+
+def is_varlen(key: tuple) -> bool:
+    return key[0] < 0
+
+
+def _num_tokens(key: tuple) -> int:
+    """Token rows of a graph's layout."""
+    return key[1] if key[0] < 0 else key[0] + key[1]
 
 
 def mixed_buckets(max_num_seqs: int, max_prefill_tokens: int) -> tuple[list[int], list[int]]:
@@ -78,47 +107,22 @@ def budget_filling_sizes(decode_buckets: list[int], token_budget: int, max_prefi
 
 
 class CudaGraphRunner:
+    varlen_sizes: list[tuple[int, int]] = []  # (S sequences, T tokens), smallest first; set by `_layout`
+    varlen_max_query_len = 0
+
     def __init__(self, model, kv_caches, backend, *, decode_sizes: list[int], mixed_decode_sizes: list[int],
                  mixed_prefill_sizes: list[int], max_prefill_seqs: int, max_blocks_per_seq: int,
                  max_model_len: int, device: torch.device, enable_cascade: bool = False,
-                 extra_mixed_sizes: list[tuple[int, int]] = (), lora_ctx=None) -> None:
-        self.decode_sizes = sorted(decode_sizes)
-        self.mixed_decode_sizes = sorted(mixed_decode_sizes)
-        self.mixed_prefill_sizes = sorted(mixed_prefill_sizes)
-        # (D, T) pairs beyond the cross product (budget_filling_sizes), only with mixed graphs
-        self.extra_mixed_sizes = sorted(set(extra_mixed_sizes)) if self.mixed_prefill_sizes else []
-        self.max_prefill_seqs = max_prefill_seqs if self.mixed_prefill_sizes else 0
-        max_tokens = max(self.decode_sizes or [0])
-        max_seqs = max_tokens
-        if self.mixed_prefill_sizes:
-            max_tokens = max(max_tokens, self.mixed_decode_sizes[-1] + self.mixed_prefill_sizes[-1],
-                             *(d + t for d, t in self.extra_mixed_sizes))
-            max_seqs = max(max_seqs, self.mixed_decode_sizes[-1] + self.max_prefill_seqs)
-        self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
-        self.block_tables = torch.zeros(max_seqs, max_blocks_per_seq, dtype=torch.int32, device=device)
-        self.context_lens = torch.ones(max_seqs, dtype=torch.int32, device=device)
-        self.cu_seqlens_q = torch.zeros(max_seqs + 1, dtype=torch.int32, device=device)
-        self.prefix_len = torch.zeros(1, dtype=torch.int32, device=device)  # [1] tokens
-        self.prefix_blocks = torch.zeros(max_blocks_per_seq, dtype=torch.int32, device=device)
-        self.max_model_len = max_model_len
-        # (decodes, prefill tokens, cascade, LoRA layers) → graph
-        self.graphs: dict[tuple[int, int, bool, bool], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, int, bool, bool], torch.Tensor] = {}
-        sizes = [(bs, 0) for bs in self.decode_sizes]
-        sizes += [(d, t) for d in self.mixed_decode_sizes for t in self.mixed_prefill_sizes]
-        sizes += [size for size in self.extra_mixed_sizes if size not in sizes]
-        keys = [(d, t, False) for d, t in sizes]
-        keys += [(d, t, True) for d, t in sizes if enable_cascade and d >= CASCADE_MIN_DECODES]
-        keys = [(*k, lora_ctx is not None) for k in keys]
-        if lora_ctx is not None:  # base-only decode graphs: steps without adapter tokens skip the LoRA layers
-            keys += [(d, t, c, False) for d, t, c, _ in keys if t == 0]
+                 extra_mixed_sizes: list[tuple[int, int]] = (), lora_ctx=None,
+                 varlen_sizes: list[tuple[int, int]] = (), varlen_max_query_len: int = 0) -> None:
+        self._layout(decode_sizes, mixed_decode_sizes, mixed_prefill_sizes, max_prefill_seqs, max_blocks_per_seq,
+                     max_model_len, device, extra_mixed_sizes, varlen_sizes, varlen_max_query_len)
         pool = None
-        for key in sorted(keys, key=lambda k: (k[0] + k[1], k[1], k[2], k[3]), reverse=True):  # largest first
+        keys = self.keys(enable_cascade, lora_ctx is not None)
+        for key in sorted(keys, key=lambda k: (_num_tokens(k), k[1], k[2], k[3]), reverse=True):  # largest first
             self._reset_padding(*key[:2])
             meta = self._meta(*key[:3])
-            tokens = key[0] + key[1]
+            tokens = _num_tokens(key)
             args = (self.input_ids[:tokens], self.positions[:tokens], kv_caches, meta, backend)
             if lora_ctx is not None:
                 lora_ctx.active = key[3]
@@ -131,7 +135,60 @@ class CudaGraphRunner:
             self.graphs[key] = graph
         torch.cuda.synchronize(device)
 
+    def _layout(self, decode_sizes, mixed_decode_sizes, mixed_prefill_sizes, max_prefill_seqs, max_blocks_per_seq,
+                max_model_len, device, extra_mixed_sizes=(), varlen_sizes=(), varlen_max_query_len=0) -> None:
+        """The buckets and the static input buffers (no capture: also on the CPU, for tests)."""
+        self.decode_sizes = sorted(decode_sizes)
+        self.mixed_decode_sizes = sorted(mixed_decode_sizes)
+        self.mixed_prefill_sizes = sorted(mixed_prefill_sizes)
+        # (D, T) pairs beyond the cross product (budget_filling_sizes), only with mixed graphs
+        self.extra_mixed_sizes = sorted(set(extra_mixed_sizes)) if self.mixed_prefill_sizes else []
+        self.max_prefill_seqs = max_prefill_seqs if self.mixed_prefill_sizes else 0
+        max_tokens = max(self.decode_sizes or [0])
+        max_seqs = max_tokens
+        if self.mixed_prefill_sizes:
+            max_tokens = max(max_tokens, self.mixed_decode_sizes[-1] + self.mixed_prefill_sizes[-1],
+                             *(d + t for d, t in self.extra_mixed_sizes))
+            max_seqs = max(max_seqs, self.mixed_decode_sizes[-1] + self.max_prefill_seqs)
+        self.varlen_sizes = sorted(set(varlen_sizes)) if varlen_max_query_len > 0 else []
+        self.varlen_max_query_len = varlen_max_query_len
+        if self.varlen_sizes:
+            max_tokens = max(max_tokens, *(t for _, t in self.varlen_sizes))
+            max_seqs = max(max_seqs, *(s for s, _ in self.varlen_sizes))
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
+        self.block_tables = torch.zeros(max_seqs, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.context_lens = torch.ones(max_seqs, dtype=torch.int32, device=device)
+        self.cu_seqlens_q = torch.zeros(max_seqs + 1, dtype=torch.int32, device=device)
+        self.prefix_len = torch.zeros(1, dtype=torch.int32, device=device)  # [1] tokens
+        self.prefix_blocks = torch.zeros(max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.max_model_len = max_model_len
+        # (decodes, prefill tokens, cascade, LoRA layers) → graph
+        self.graphs: dict[tuple[int, int, bool, bool], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int, bool, bool], torch.Tensor] = {}
+
+    def keys(self, enable_cascade: bool = False, lora: bool = False) -> list[tuple[int, int, bool, bool]]:
+        """Every graph to capture: (decodes, prefill tokens, cascade, LoRA layers), varlen ones (-S, T, ...)."""
+        sizes = [(bs, 0) for bs in self.decode_sizes]
+        sizes += [(d, t) for d in self.mixed_decode_sizes for t in self.mixed_prefill_sizes]
+        sizes += [size for size in self.extra_mixed_sizes if size not in sizes]
+        keys = [(d, t, False) for d, t in sizes]
+        keys += [(d, t, True) for d, t in sizes if enable_cascade and d >= CASCADE_MIN_DECODES]
+        keys += [(-s, t, False) for s, t in self.varlen_sizes]
+        keys = [(*k, lora) for k in keys]
+        if lora:  # base-only decode graphs: steps without adapter tokens skip the LoRA layers
+            keys += [(d, t, c, False) for d, t, c, _ in keys if t == 0]
+        return keys
+
     def _meta(self, decodes: int, prefill_tokens: int, cascade: bool) -> AttentionMetadata:
+        if decodes < 0:  # varlen: -decodes sequences, all through the prefill kernel
+            seqs = -decodes
+            return AttentionMetadata(
+                slot_mapping=self.slot_mapping[:prefill_tokens], block_tables=self.block_tables[:seqs],
+                context_lens=self.context_lens[:seqs], cu_seqlens_q=self.cu_seqlens_q[: seqs + 1], num_decodes=0,
+                max_context_len=self.max_model_len, max_query_len=self.varlen_max_query_len,
+                context_lens_list=[0] * seqs, query_lens_list=[0] * seqs)
         seqs = decodes + (self.max_prefill_seqs if prefill_tokens else 0)
         tokens = decodes + prefill_tokens
         meta = AttentionMetadata(
@@ -148,6 +205,11 @@ class CudaGraphRunner:
 
     def _reset_padding(self, decodes: int, prefill_tokens: int) -> None:
         """Every row of the layout a padding row (used for capture): nothing written, nothing to attend."""
+        if decodes < 0:
+            self.slot_mapping[:prefill_tokens].fill_(-1)
+            self.context_lens[:-decodes].fill_(0)
+            self.cu_seqlens_q[: -decodes + 1].fill_(0)
+            return
         self.slot_mapping[: decodes + prefill_tokens].fill_(-1)
         self.context_lens[:decodes].fill_(1)
         self.prefix_len.fill_(0)
@@ -177,7 +239,7 @@ class CudaGraphRunner:
         rows: decodes at [0, nd), prefill tokens from D on, `fill` in the padding between (rows past the
         end are the caller's to fill). Decode graphs: `values` as they are."""
         d, t = key[0], key[1]
-        if t == 0 or num_decodes == d:
+        if t == 0 or num_decodes == d or d < 0:  # varlen graphs: the step's own order
             return values
         tp = values.shape[0] - num_decodes
         rows = np.full(d + tp, fill, dtype=values.dtype)
@@ -196,15 +258,16 @@ class CudaGraphRunner:
             if bs is not None:
                 return (bs, 0)
         prefill_tokens = num_tokens - nd
-        if num_seqs - nd > self.max_prefill_seqs:
-            return None
-        d = next((s for s in self.mixed_decode_sizes if s >= nd), None)
-        t = next((s for s in self.mixed_prefill_sizes if s >= prefill_tokens), None)
-        fits = [(d, t)] if d is not None and t is not None else []
-        fits += [(ed, et) for ed, et in self.extra_mixed_sizes if ed >= nd and et >= prefill_tokens]
-        if not fits:
-            return None
-        return min(fits, key=lambda size: (size[0] + size[1], size[1]))  # fewest padded rows
+        if num_seqs - nd <= self.max_prefill_seqs:
+            d = next((s for s in self.mixed_decode_sizes if s >= nd), None)
+            t = next((s for s in self.mixed_prefill_sizes if s >= prefill_tokens), None)
+            fits = [(d, t)] if d is not None and t is not None else []
+            fits += [(ed, et) for ed, et in self.extra_mixed_sizes if ed >= nd and et >= prefill_tokens]
+            if fits:
+                return min(fits, key=lambda size: (size[0] + size[1], size[1]))  # fewest padded rows
+        if meta.max_query_len <= self.varlen_max_query_len:  # a speculative step beyond the mixed graphs
+            return next(((-s, t) for s, t in self.varlen_sizes if s >= num_seqs and t >= num_tokens), None)
+        return None
 
     @torch.inference_mode()
     def run(self, key: tuple[int, int, bool, bool], input_ids: torch.Tensor, positions: torch.Tensor,
@@ -212,6 +275,10 @@ class CudaGraphRunner:
         """Replay graph `key` (from `select`) for this step; returns hidden states in the step's own
         (unpadded) token order, `[num_tokens, hidden]`."""
         d, t, cascade, _ = key
+        if d < 0:
+            self._fill_varlen(key, input_ids, positions, meta)
+            self.graphs[key].replay()
+            return self.outputs[key][: input_ids.shape[0]]
         nd, n = meta.num_decodes, input_ids.shape[0]
         width = meta.block_tables.shape[1]
         self.input_ids[:nd].copy_(input_ids[:nd])
@@ -243,3 +310,19 @@ class CudaGraphRunner:
         if nd == d:
             return out[: d + tp]
         return torch.cat((out[:nd], out[d : d + tp]))
+
+    def _fill_varlen(self, key: tuple, input_ids: torch.Tensor, positions: torch.Tensor,
+                     meta: AttentionMetadata) -> None:
+        """The static buffers for a varlen graph `(-S, T, ...)`: the step's tokens at rows [0, n), padding to T
+        (slot -1), its sequences (decodes included) at rows [0, num_seqs), empty ones (query length 0) to S."""
+        s, t = -key[0], key[1]
+        n, seqs, width = input_ids.shape[0], meta.num_seqs, meta.block_tables.shape[1]
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        self.slot_mapping[:n].copy_(meta.slot_mapping)
+        self.slot_mapping[n:t].fill_(-1)
+        self.context_lens[:seqs].copy_(meta.context_lens)
+        self.context_lens[seqs:s].fill_(0)
+        self.block_tables[:seqs, :width].copy_(meta.block_tables)
+        self.cu_seqlens_q[: seqs + 1].copy_(meta.cu_seqlens_q)
+        self.cu_seqlens_q[seqs + 1 : s + 1].fill_(n)

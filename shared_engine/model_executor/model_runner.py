@@ -17,7 +17,9 @@ from shared_engine.model_executor.cuda_graph_runner import (
     MAX_PREFILL_SEQS,
     CudaGraphRunner,
     budget_filling_sizes,
+    is_varlen,
     mixed_buckets,
+    varlen_buckets,
 )
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.kv_offloader import STAGING_BYTES, KVOffloader
@@ -134,6 +136,7 @@ class ModelRunner:
         self.cascade_steps = 0  # steps whose decodes ran cascade attention (graphed or eager)
         self.cascade_graph_steps = 0  # of those, steps replayed from a cascade graph
         self.base_only_graph_steps = 0  # LoRA engine: graph steps replayed without the LoRA layers (no adapter)
+        self.varlen_graph_steps = 0  # speculative steps replayed from a varlen graph
 
     def _load(self, source: ModelSource) -> torch.nn.Module:
         torch.manual_seed(self.config.model.seed)
@@ -223,7 +226,8 @@ class ModelRunner:
     def capture_cuda_graphs(self) -> None:
         """Capture CUDA graphs (CUDA, unless `enforce_eager`): decode-only steps for `cuda_graph_sizes` up
         to max_num_seqs, and mixed prefill + decode steps up to `cuda_graph_max_prefill_tokens` prefill
-        tokens, each with a cascade-attention variant where it can pay (see `CudaGraphRunner`)."""
+        tokens, each with a cascade-attention variant where it can pay, and with speculative decoding varlen
+        graphs for steps of more k + 1-token decodes than the mixed graphs hold (see `CudaGraphRunner`)."""
         cfg = self.config
         if self.device.type != "cuda" or cfg.device.enforce_eager:
             return
@@ -232,7 +236,10 @@ class ModelRunner:
         max_prefill = min(cfg.device.cuda_graph_max_prefill_tokens, cfg.scheduler.token_budget)
         mixed_decode, mixed_prefill = mixed_buckets(max_num_seqs, max_prefill)
         filling = budget_filling_sizes(mixed_decode, cfg.scheduler.token_budget, max_prefill)
-        if not decode_sizes and not mixed_prefill:
+        prefill_seqs = min(MAX_PREFILL_SEQS, max_num_seqs)
+        k = cfg.speculative_config.num_speculative_tokens if cfg.speculative_config is not None else 0
+        varlen = varlen_buckets(max_num_seqs, k, prefill_seqs if mixed_prefill else 0)
+        if not decode_sizes and not mixed_prefill and not varlen:
             return
         started = time.perf_counter()
         max_len = cfg.model.max_model_len
@@ -240,9 +247,10 @@ class ModelRunner:
             self.graph_runner = CudaGraphRunner(
                 self.model, self.kv_caches, self.backend, decode_sizes=decode_sizes,
                 mixed_decode_sizes=mixed_decode, mixed_prefill_sizes=mixed_prefill,
-                max_prefill_seqs=min(MAX_PREFILL_SEQS, max_num_seqs), max_blocks_per_seq=-(-max_len // self.block_size),
+                max_prefill_seqs=prefill_seqs, max_blocks_per_seq=-(-max_len // self.block_size),
                 max_model_len=max_len, device=self.device, enable_cascade=self.enable_cascade,
-                extra_mixed_sizes=filling, lora_ctx=None if self.lora is None else self.lora.ctx)
+                extra_mixed_sizes=filling, lora_ctx=None if self.lora is None else self.lora.ctx,
+                varlen_sizes=varlen, varlen_max_query_len=k + 1 if varlen else 0)
         self.capture_seconds = time.perf_counter() - started
         self.num_cuda_graphs = len(self.graph_runner.graphs)
 
@@ -283,6 +291,7 @@ class ModelRunner:
             self.mixed_graph_steps += key[1] > 0
             self.cascade_graph_steps += key[2]
             self.base_only_graph_steps += self.lora is not None and not key[3]
+            self.varlen_graph_steps += is_varlen(key)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         prompt_logprobs = self._prompt_logprobs(out, hidden, inputs)

@@ -1,12 +1,22 @@
 """Which CUDA graph a step replays (`CudaGraphRunner._bucket`), checked without a GPU: the budget-filling
-mixed graphs (`budget_filling_sizes`) and the fewest-padded-rows choice among the graphs that fit."""
+mixed graphs (`budget_filling_sizes`) and the fewest-padded-rows choice among the graphs that fit; the varlen
+graphs of speculative steps beyond the mixed graphs' 8 sequences and their static buffers' layout."""
 
 from __future__ import annotations
 
 import torch
 
+from shared_engine.core.request import Request
+from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
-from shared_engine.model_executor.cuda_graph_runner import CudaGraphRunner, budget_filling_sizes, mixed_buckets
+from shared_engine.model_executor.cuda_graph_runner import (
+    CudaGraphRunner,
+    budget_filling_sizes,
+    mixed_buckets,
+    varlen_buckets,
+)
+from shared_engine.model_executor.input_builder import build_inputs
+from shared_engine.sampling_params import SamplingParams
 
 
 def _runner(max_num_seqs: int, budget: int, max_prefill: int) -> CudaGraphRunner:
@@ -80,3 +90,66 @@ def test_pad_rows_lays_token_values_out_in_the_graph_rows():
     assert rows.tolist() == [4, -1, 2, -1, -1, -1, -1, -1, 7, 7, 7, 0, 0]
     assert CudaGraphRunner.pad_rows((8, 0, False, True), 3, values[:3], -1).tolist() == [4, -1, 2]
     assert CudaGraphRunner.pad_rows((3, 16, False, True), 3, values, -1).tolist() == values.tolist()
+
+
+def _varlen_runner(max_num_seqs: int = 64, k: int = 5) -> CudaGraphRunner:
+    """Buckets and static buffers on the CPU (`_layout`; capture needs CUDA)."""
+    runner = object.__new__(CudaGraphRunner)
+    decode, prefill = mixed_buckets(max_num_seqs, 512)
+    runner._layout([1, 2, 4, 8, 16, 32, 64], decode, prefill, 8, 16, 256, torch.device("cpu"),
+                   varlen_sizes=varlen_buckets(max_num_seqs, k, 8), varlen_max_query_len=k + 1)
+    return runner
+
+
+def test_varlen_buckets():
+    assert varlen_buckets(64, 5, 8) == [(16, 96), (24, 144), (32, 192), (48, 288), (64, 384)]
+    assert varlen_buckets(100, 3, 8)[-2:] == [(96, 384), (100, 400)]
+    assert varlen_buckets(8, 5, 8) == [] and varlen_buckets(64, 0, 8) == []
+    keys = _varlen_runner().keys(lora=True)
+    assert (-16, 96, False, True) in keys and (-16, 96, False, False) not in keys  # no base-only varlen variant
+
+
+def test_speculative_steps_beyond_eight_replay_varlen_graphs():
+    runner = _varlen_runner()
+    assert runner._bucket(*_meta(0, [6] * 8)) == (0, 64)  # 8 speculative decodes: still a mixed graph
+    assert runner._bucket(*_meta(3, [6] * 8)) == (8, 64)
+    assert runner._bucket(*_meta(0, [6] * 9)) == (-16, 96)  # 9: the smallest varlen graph
+    assert runner._bucket(*_meta(4, [6] * 20)) == (-24, 144)  # plain decodes count as sequences there
+    assert runner._bucket(*_meta(10, [6, 2, 4] * 6)) == (-32, 192)  # fewer drafts for some: still fits
+    assert runner._bucket(*_meta(60, [6] * 4)) == (64, 32)  # few speculative decodes: the mixed graph
+    assert runner._bucket(*_meta(0, [6] * 64 + [1])) is None  # more sequences than max_num_seqs' graph
+    assert runner._bucket(*_meta(0, [6] * 9 + [100])) is None  # a prefill chunk longer than k + 1: eager
+    assert runner._bucket(*_meta(0, [7] * 9)) is None  # query longer than the captured k + 1
+    values = torch.arange(10).numpy()
+    assert (runner.pad_rows((-16, 96, False, True), 4, values, -1) == values).all()  # the step's own rows
+
+
+def test_varlen_buffers_hold_the_step_then_padding():
+    """A step of 2 decodes and 10 speculative decodes in the (-16, 96) graph's buffers: tokens, positions,
+    slots and sequences (decodes first) as built, padding slots -1, padding sequences empty at the end."""
+    runner = _varlen_runner()
+    items = []
+    for i in range(12):
+        request = Request(f"r{i}", list(range(20)), SamplingParams(max_tokens=8), max_tokens=8)
+        drafts = 0 if i < 2 else 1 + i % 5
+        tokens = [100 + i] + [200 + i] * drafts
+        items.append(ScheduledRequest(request, tokens, 20 + i, [i, 20 + i, 40 + i], True, drafts))
+    out = SchedulerOutput(items, num_batched_tokens=sum(len(s.token_ids) for s in items),
+                          num_draft_tokens=sum(s.num_draft_tokens for s in items))
+    inputs = build_inputs(out, 16, torch.device("cpu"))
+    n = inputs.input_ids.shape[0]
+    key = (*runner._bucket(inputs.meta, n), False, False)
+    assert key[:2] == (-16, 96)
+    runner.slot_mapping.fill_(7)
+    runner._fill_varlen(key, inputs.input_ids, inputs.positions, inputs.meta)
+    assert torch.equal(runner.input_ids[:n], inputs.input_ids)
+    assert torch.equal(runner.positions[:n], inputs.positions)
+    assert torch.equal(runner.slot_mapping[:n], inputs.meta.slot_mapping)
+    assert (runner.slot_mapping[n:96] == -1).all()
+    assert torch.equal(runner.cu_seqlens_q[:13], inputs.meta.cu_seqlens_q)
+    assert (runner.cu_seqlens_q[13:17] == n).all()  # sequences 12..15: query length 0
+    assert torch.equal(runner.context_lens[:12], inputs.meta.context_lens)
+    assert (runner.context_lens[12:16] == 0).all()
+    assert torch.equal(runner.block_tables[:12, :3], inputs.meta.block_tables)
+    meta = runner._meta(*key[:3])  # what the graph was captured with: every sequence through the prefill kernel
+    assert meta.num_decodes == 0 and meta.num_seqs == 16 and meta.max_query_len == 6

@@ -50,3 +50,4 @@ def test_greedy_identity_on_cuda_with_graphs(small_model_dir, async_scheduling):
     engine = on.engine
     assert engine.stats.spec.num_accepted_tokens_total > 50
     assert engine.runner.graph_steps > 0 and engine.runner.mixed_graph_steps > 0
+    assert engine.runner.varlen_graph_steps > 0  # the steps of 9-12 speculative decodes
