@@ -34,11 +34,13 @@ def gather_paged_kv(
     block_table: torch.Tensor,  # [max_blocks_per_seq] int32
     length: int,
 ) -> torch.Tensor:  # [length, num_kv_heads, head_dim]
-    """The first `length` tokens of one sequence, gathered through its block table."""
+    """The first `length` tokens of one sequence, gathered through its block table (an FP8 cache through a
+    uint8 view: indexing kernels need not support float8)."""
     block_size = cache.shape[1]
     pos = torch.arange(length, device=cache.device)
     blocks = block_table.long()[pos // block_size]
-    return cache[blocks, pos % block_size]
+    raw = cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
+    return raw[blocks, pos % block_size].view(cache.dtype)
 
 
 def paged_decode_attention_ref(

@@ -72,7 +72,9 @@ class KVOffloader:
         n = len(pairs)
         blocks = torch.tensor([b for b, _ in pairs], dtype=torch.long).to(self.device, non_blocking=True)
         for layer, cache in enumerate(self.kv_caches):
-            self.staging[:n, layer].copy_(cache.index_select(1, blocks).transpose(0, 1))  # [n, 2, bs, h, d]
+            raw = torch.uint8 if cache.dtype == torch.float8_e4m3fn else cache.dtype  # FP8: as bytes (see below)
+            picked = cache.view(raw).index_select(1, blocks).transpose(0, 1)  # [n, 2, bs, h, d]
+            self.staging[:n, layer].view(raw).copy_(picked)
         for slot, row, length in _runs([s for _, s in pairs]):
             self.host[slot:slot + length].copy_(self.staging[row:row + length], non_blocking=True)
 

@@ -78,3 +78,21 @@ def test_fp8_greedy_output_is_valid_and_logits_track_fp32_kv(pair):
             if s < 5:
                 assert int(a[r].argmax()) == int(b[r].argmax()), (s, r)
     assert compared >= 5 * len(PROMPTS)  # the first five steps of every prompt compared
+
+
+def test_fp8_blocks_go_to_the_host_tier_and_back_bit_identical():
+    """The KV offloader copies an FP8 pool's blocks as bytes: GPU (here CPU) -> host slots -> other blocks."""
+    from shared_engine.model_executor.kv_offloader import KVOffloader
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(0)
+    caches = [(torch.randn(2, 8, 16, 3, 64, generator=gen) * 8).to(torch.float8_e4m3fn).to(device) for _ in range(2)]
+    offloader = KVOffloader(caches, num_host_blocks=4)
+    before = [c[:, [1, 5]].clone() for c in caches]
+    offloader.run([(1, 0), (5, 3)], [])
+    offloader.run([], [(0, 6), (3, 2)])  # host slot 0 -> block 6, slot 3 -> block 2
+    if device == "cuda":
+        torch.cuda.synchronize()
+    for c, b in zip(caches, before):
+        assert c.dtype == torch.float8_e4m3fn
+        assert torch.equal(c[:, [6, 2]].view(torch.uint8), b.view(torch.uint8))

@@ -77,9 +77,17 @@ def _gather(k_cache, v_cache, block_table, ctx: int, dtype: torch.dtype):
     its stored values, unscaled)."""
     block_size = k_cache.shape[1]
     blocks = block_table[: -(-ctx // block_size)].long()
-    keys = k_cache.index_select(0, blocks).flatten(0, 1)[:ctx].to(dtype)
-    values = v_cache.index_select(0, blocks).flatten(0, 1)[:ctx].to(dtype)
+    keys = _select_blocks(k_cache, blocks).flatten(0, 1)[:ctx].to(dtype)
+    values = _select_blocks(v_cache, blocks).flatten(0, 1)[:ctx].to(dtype)
     return keys, values
+
+
+def _select_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """`cache.index_select(0, blocks)`; an FP8 cache through a uint8 view (not every device's index_select
+    takes float8)."""
+    if cache.dtype != FP8_DTYPE:
+        return cache.index_select(0, blocks)
+    return cache.view(torch.uint8).index_select(0, blocks).view(FP8_DTYPE)
 
 
 def _attend(q, keys, values, ctx: int, scale: float) -> torch.Tensor:
@@ -152,8 +160,8 @@ def _decode(q, k_cache, v_cache, block_tables, context_lens: list[int], scale: f
     for bucket in plan:
         b = bucket.seqs.numel()
         # index_select copies whole blocks (contiguous rows): ~3x faster on the CPU than advanced indexing
-        keys = k_cache.index_select(0, bucket.blocks).view(b, -1, num_kv_heads, head_dim)[:, : bucket.max_len]
-        values = v_cache.index_select(0, bucket.blocks).view(b, -1, num_kv_heads, head_dim)[:, : bucket.max_len]
+        keys = _select_blocks(k_cache, bucket.blocks).view(b, -1, num_kv_heads, head_dim)[:, : bucket.max_len]
+        values = _select_blocks(v_cache, bucket.blocks).view(b, -1, num_kv_heads, head_dim)[:, : bucket.max_len]
         keys, values = keys.to(q.dtype), values.to(q.dtype)  # an FP8 cache: exact; the scales are the caller's
         bucket_out = F.scaled_dot_product_attention(
             q.index_select(0, bucket.seqs).view(b, num_kv_heads, group, head_dim),
