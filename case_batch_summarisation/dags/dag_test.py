@@ -9,7 +9,8 @@ RUNS (default 1) runs of the same conf one after another (with a `night` in the 
 night's shards finished and skip them). Prints one JSON line per run. `BATCH_FAULT_KILL_SHARD=shard-00000`:
 the fault test: SIGKILL that shard's engine process once, mid-shard (after its engine has started), so that
 the task fails and Airflow's retry has to finish the shard. `DAG_TEST_OUT=FILE`: also write the runs, the
-conf, the command, the commit and the machine to FILE (a results file).
+conf, the command, the commit and the machine to FILE (a results file); with `DAG_TEST_ONLINE_ANSWERS=FILE`
+(loadtest/first_vs_fix.py `--answers-out`) also whether the first run's summaries equal the online path's.
 
 Exit status 1 (and the failed tasks' states) if any task failed or the DAG file does not import cleanly.
 """
@@ -89,7 +90,14 @@ def write_results(path: Path, conf: dict, runs: list[dict], wall_s: float) -> No
 
     from benchmarks.env_info import git_commit
 
-    path.write_text(json.dumps({
+    extra = {}
+    if os.environ.get("DAG_TEST_ONLINE_ANSWERS") and runs:
+        from case_batch_summarisation.loadtest.compose_night import answers_equal, offline_answers
+
+        online = json.loads(Path(os.environ["DAG_TEST_ONLINE_ANSWERS"]).read_text())
+        extra["answers_equal"] = answers_equal(online, offline_answers(Path(runs[0]["night_dir"]) / "out"))
+        extra["online_answers"] = os.environ["DAG_TEST_ONLINE_ANSWERS"]
+    path.write_text(json.dumps({**extra,
         "benchmark": "dag_test", "command": " ".join(sys.argv), "git_commit": git_commit(),
         "machine": {"cpu_cores": os.cpu_count(), "load_average_1_5_15": list(os.getloadavg()),
                     "python": platform.python_version()},

@@ -9,8 +9,11 @@ checked against the online path's (greedy: the fix changes speed, not answers).
     python case_batch_summarisation/loadtest/first_vs_fix.py --num-tickets 200 --median-tokens 60 \\
         --max-ticket-tokens 600 --max-completion-tokens 48
 
-Writes first_attempt/results_cpu.json and the_fix/results_cpu.json (tickets/s, output and prompt tokens/s,
-prefix-cache share, engine config, commit, command) and `answers_equal` in the fix's file.
+Writes first_attempt/results_<tag>.json and the_fix/results_<tag>.json (tickets/s, output and prompt tokens/s,
+prefix-cache share, engine config, commit, command) and `answers_equal` in the fix's file; `--tag` (default
+`cpu`). `--server-url URL`: post to a server already running (the compose stack's `online` engine) instead of
+starting one; `--skip-fix`: the first attempt only; `--answers-out FILE`: the online answers, {custom_id:
+text}, for loadtest/compose_night.py to compare the DAG's outputs with.
 """
 
 from __future__ import annotations
@@ -56,10 +59,12 @@ def first_attempt(rows: list[dict], args, tmp: Path) -> tuple[dict, dict]:
     """Post every ticket, `concurrency` at a time; returns (results, {custom_id: content})."""
     import httpx
 
-    proc = start_server(CASE / "first_attempt" / "config_cpu.yaml", args.port, tmp / "server.log")
+    proc = None
+    if not args.server_url:
+        proc = start_server(CASE / "first_attempt" / "config_cpu.yaml", args.port, tmp / "server.log")
     answers, usage = {}, []
     try:
-        client = httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=3600)
+        client = httpx.Client(base_url=args.server_url or f"http://127.0.0.1:{args.port}", timeout=3600)
 
         def post(row):
             r = client.post(row["url"], json=row["body"])
@@ -75,10 +80,12 @@ def first_attempt(rows: list[dict], args, tmp: Path) -> tuple[dict, dict]:
         elapsed = time.perf_counter() - started
         config = client.get("/version").json().get("engine_config", {})
     finally:
-        proc.terminate()
-        proc.wait(60)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
     return _result("first_attempt", len(rows), elapsed, usage, config, args) | {
-        "client": {"concurrency": args.concurrency, "script": "first_vs_fix.py:first_attempt"}}, answers
+        "client": {"concurrency": args.concurrency, "script": "first_vs_fix.py:first_attempt"},
+        "server": args.server_url or "started by the script (shared_engine serve)"}, answers
 
 
 def the_fix(night: Path, args, tmp: Path) -> tuple[dict, dict]:
@@ -123,6 +130,10 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--port", type=int, default=8731)
     p.add_argument("--out-dir", type=Path, default=CASE)
+    p.add_argument("--tag", default="cpu", help="results_<tag>.json")
+    p.add_argument("--server-url", help="a running server (default: start one at first_attempt/config_cpu.yaml)")
+    p.add_argument("--skip-fix", action="store_true")
+    p.add_argument("--answers-out", type=Path)
     args = p.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tmp = Path(tempfile.mkdtemp(prefix="first_vs_fix_"))
@@ -132,6 +143,11 @@ def main() -> None:
     rows = [json.loads(line) for line in (tmp / "night.jsonl").read_text().splitlines()]
     first, online = first_attempt(rows, args, tmp)
     print(f"first attempt: {first['tickets_per_s']:.2f} tickets/s ({first['elapsed_s']:.0f} s)", flush=True)
+    if args.answers_out:
+        args.answers_out.write_text(json.dumps(online, indent=0, sort_keys=True))
+    if args.skip_fix:
+        (args.out_dir / "first_attempt" / f"results_{args.tag}.json").write_text(json.dumps(first, indent=2))
+        return
     fix, offline = the_fix(tmp / "night.jsonl", args, tmp)
     print(f"the fix:       {fix['tickets_per_s']:.2f} tickets/s ({fix['elapsed_s']:.0f} s)", flush=True)
     same = [cid for cid in online if offline.get(cid) == online[cid]]
@@ -139,7 +155,7 @@ def main() -> None:
                             "different": sorted(set(online) - set(same))}
     fix["speedup_vs_first_attempt"] = fix["tickets_per_s"] / first["tickets_per_s"]
     for variant, result in (("first_attempt", first), ("the_fix", fix)):
-        (args.out_dir / variant / "results_cpu.json").write_text(json.dumps(result, indent=2))
+        (args.out_dir / variant / f"results_{args.tag}.json").write_text(json.dumps(result, indent=2))
     print(f"answers equal: {len(same)}/{len(online)}; speed-up {fix['speedup_vs_first_attempt']:.2f}x")
 
 

@@ -1,6 +1,7 @@
 """Every compose file in the repository (deploy/, case_*/) passes `docker compose config` and follows the deploy
 conventions: host networking, a healthcheck and a restart policy on every long-running service (the engine's on
-/health), the model cache in the named volume `model-cache`, and a Prometheus service scraping the engine.
+/health), the model cache in the named volume `model-cache`, and a Prometheus service scraping the engine (services
+of every profile).
 Needs only the compose CLI (no engine); skips without it unless SHARED_ENGINE_REQUIRE_DOCKER=1, then fails."""
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def rel(path):
 
 def compose_config(path) -> dict:
     require(compose_problem())
-    out = subprocess.run(["docker", "compose", "-f", str(path), "config", "--format", "json"],
+    # every profile's services (the batch case's online engine and its Prometheus are in the `online` profile)
+    out = subprocess.run(["docker", "compose", "-f", str(path), "--profile", "*", "config", "--format", "json"],
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
