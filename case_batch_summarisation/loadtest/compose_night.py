@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 DAG_ID = "ticket_summaries"
 
 
-def airflow_client(api: str, username: str = "admin", password: str = "admin", timeout_s: float = 60):
+def airflow_client(api: str, username: str = "admin", password: str = "admin", timeout_s: float = 120):
     """An httpx client on `api`/api/v2 with a bearer token from the simple auth manager's login. Raises
     `RuntimeError` when the login is refused."""
     import httpx
