@@ -74,10 +74,11 @@ class Simulator:
         dtype = config.model.dtype
         self.dtype = hardware.default_dtype if dtype == "auto" else dtype
         self.tensor_parallel_size = tp = config.parallel.tensor_parallel_size  # GPUs per replica
+        kv_dtype = "fp8" if config.cache.fp8_kv_cache else None  # kv_cache_dtype fp8: 1 byte per element
         self.step_model = step_model or StepTimeModel(arch, self.dtype, hardware, overlap_host=overlap_host,
-                                                      tensor_parallel_size=tp)
+                                                      tensor_parallel_size=tp, kv_cache_dtype=kv_dtype)
         # each rank holds its KV heads' share of every block (the busiest rank's share sizes the pool)
-        rank_shape = StepShape.from_arch(arch, self.dtype, tp)
+        rank_shape = StepShape.from_arch(arch, self.dtype, tp, kv_dtype)
         self._rank_weight_bytes = rank_shape.weight_bytes + (
             0 if arch.tie_word_embeddings else rank_shape.head_flops_per_sample / 2 * DTYPE_BYTES[self.dtype])
         bytes_per_block = rank_shape.kv_bytes_per_token * self.config.cache.block_size

@@ -69,22 +69,24 @@ class StepShape:
     attn_flops_per_pair: float  # 4 * layers * heads * head_dim, per (query, key) pair
 
     @classmethod
-    def from_arch(cls, arch: ModelArch, dtype: str, tensor_parallel_size: int = 1) -> StepShape:
-        """The whole model at TP=1; the busiest rank's share at TP=N (see the module docstring)."""
+    def from_arch(cls, arch: ModelArch, dtype: str, tensor_parallel_size: int = 1,
+                  kv_cache_dtype: str | None = None) -> StepShape:
+        """The whole model at TP=1; the busiest rank's share at TP=N (see the module docstring). KV bytes in
+        `kv_cache_dtype` ("fp8": 1 byte per element; default `dtype`)."""
         size, tp = DTYPE_BYTES[dtype], tensor_parallel_size
         h = arch.hidden_size
         if tp == 1:
             head = arch.vocab_size * h
             embed = head * (1 if arch.tie_word_embeddings else 2)
             body = arch.num_parameters - embed - h  # decoder layers only
-            heads, kv_per_token = arch.num_heads, arch.kv_bytes_per_token(dtype)
+            heads, kv_per_token = arch.num_heads, arch.kv_bytes_per_token(kv_cache_dtype or dtype)
         else:
             heads = max(head_partition(arch.num_heads, arch.num_kv_heads, tp, r).num_heads for r in range(tp))
             kv_heads = max_local_kv_heads(arch.num_heads, arch.num_kv_heads, tp)
             d, columns = arch.head_dim, -(-arch.intermediate_size // tp)
             body = arch.num_layers * (h * d * (heads + 2 * kv_heads) + heads * d * h + 3 * h * columns + 2 * h)
             head = padded_vocab_size(arch.vocab_size, tp) // tp * h
-            kv_per_token = arch.kv_bytes_per_token(dtype) * kv_heads // arch.num_kv_heads
+            kv_per_token = arch.kv_bytes_per_token(kv_cache_dtype or dtype) * kv_heads // arch.num_kv_heads
         return cls(
             weight_bytes=(body + h + head) * size,
             kv_bytes_per_token=kv_per_token,
@@ -115,7 +117,7 @@ class StepTimeModel:
     """Step seconds for one model on one device. `seconds(scheduled)` is the simulator's hot path."""
 
     def __init__(self, arch: ModelArch, dtype: str, hardware: HardwareProfile, overlap_host: bool = False,
-                 tensor_parallel_size: int = 1) -> None:
+                 tensor_parallel_size: int = 1, kv_cache_dtype: str | None = None) -> None:
         """`overlap_host`: the engine runs with async scheduling (the host's overheads overlap the device).
         `tensor_parallel_size`: GPUs per replica (the step's collectives are priced with the profile's
         `allreduce_latency_s` and `allreduce_bandwidth`).
@@ -123,7 +125,7 @@ class StepTimeModel:
         Raises:
             ValueError: tensor_parallel_size > 1 on a profile without all-reduce figures.
         """
-        self.shape = StepShape.from_arch(arch, dtype, tensor_parallel_size)
+        self.shape = StepShape.from_arch(arch, dtype, tensor_parallel_size, kv_cache_dtype)
         self.comm = None
         if tensor_parallel_size > 1:
             if hardware.allreduce_latency_s is None or hardware.allreduce_bandwidth is None:
