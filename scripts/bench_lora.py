@@ -121,6 +121,7 @@ def main() -> None:
     p.add_argument("--targets", nargs="+", default=["q_proj", "k_proj", "v_proj", "o_proj"])
     p.add_argument("--lora-kernel", default="sgmv", choices=["sgmv", "bgmv"])
     p.add_argument("--max-loras", type=int, default=32, help="GPU slots (the README table: 32, all 30 resident)")
+    p.add_argument("--lora-slot-stream", action="store_true", help="slot loads on a copy stream of their own")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
 
@@ -161,7 +162,7 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     lora_cfg = dict(enable_lora=True, max_loras=args.max_loras, max_lora_rank=64, max_cpu_loras=64,
-                    lora_kernel=args.lora_kernel)
+                    lora_kernel=args.lora_kernel, lora_slot_stream=args.lora_slot_stream)
     llm = LLM(args.model, **common, **lora_cfg)
     results["engine_config"] = {**common, **lora_cfg}
     ids = iter(range(1, 1000))
@@ -196,6 +197,9 @@ def main() -> None:
         load_checked(lora, llm.engine.source.arch, llm.engine.config.lora)
     results["revalidation_seconds_r16x30"] = round(time.perf_counter() - started, 3)
     results["num_slot_loads"] = manager.num_slot_loads
+    if manager.streams is not None:  # loads that waited on the device for a step reading their slot
+        results["slot_stream"] = {"loads": manager.streams.num_loads,
+                                  "after_a_read": manager.streams.num_loads_after_a_read}
     results["runner"]["lora"] = runner_stats(llm)
     save()
     print(json.dumps(results["runs"], indent=2), json.dumps(results["itl_ms"]), results["slot_load_ms_rank16"],

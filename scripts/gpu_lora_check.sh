@@ -2,7 +2,8 @@
 # Multi-LoRA on one CUDA machine (issue 18), every results file to OUTDIR:
 #   1. LoRA kernel tests on CUDA: SGMV and BGMV against their references, real llama-3.1-8b shapes in bf16;
 #   2. LoRA under CUDA graphs (small fp32 model): greedy outputs mixing 3 adapters and the base through
-#      graphs (SGMV; BGMV with LORA_GRAPH_BGMV=1) equal the eager masked torch path; base-only steps replay
+#      graphs (SGMV; with 2 slots and loads on their own copy stream; BGMV with LORA_GRAPH_BGMV=1) equal the
+#      eager masked torch path; base-only steps replay
 #      base-only graphs (tests/engine/test_cuda_graphs.py, whose graph keys changed, is not run here);
 #   3. scripts/bench_lora_kernels.py: SGMV vs BGMV per projection at T = 1, 240, 2048 (graph replays);
 #   4. scripts/bench_lora.py: base engine vs the LoRA engine on the base, 30 rank-16 adapters, 30 of ranks
@@ -10,13 +11,14 @@
 #      fp32 path, each run's phases (steps, host / GPU-span seconds) (NUM_REQUESTS, default 240 as in the
 #      README table);
 #   5. (only with STEPS=churn, not in "all") the same benchmark with 8 GPU slots for the 30 adapters: slot
-#      loads inside the timed runs (the admission waits for slots too), ~130 s.
+#      loads inside the timed runs (the admission waits for slots too), loads on the compute stream and then
+#      on their own copy stream (--lora-slot-stream), ~130 s each.
 # Each step has its own time limit, so one slow step cannot starve the next. Estimate (not measured) on one
 # H200, cold Triton cache: ~45 + ~35 + ~25 + ~130 s; STEPS="kernels bench" ~175 s. The benchmark's two
 # llama-3.1-8b engine start-ups (graph capture) and its adapter writing dominate.
 #   GIT_COMMIT=<sha> scripts/gpu_lora_check.sh OUTDIR      (the device copy has no .git)
 # STEPS: which steps (default all; any of: kernels graphs micro bench churn; all leaves churn out), e.g.
-# STEPS="kernels bench" or STEPS="bench churn" (~260 s).
+# STEPS="kernels bench" or STEPS="bench churn" (~390 s).
 set -uo pipefail
 OUT=${1:?usage: gpu_lora_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -37,7 +39,8 @@ fi
 
 if want graphs; then
   step "LoRA under CUDA graphs (graphs = eager torch path; base-only graphs)"
-  timeout 90 $PY -m pytest tests/lora/test_lora_cuda_graphs.py -q -p no:cacheprovider -rs 2>&1 | tail -15 \
+  LORA_GRAPH_STREAM=1 timeout 90 $PY -m pytest tests/lora/test_lora_cuda_graphs.py -q -p no:cacheprovider -rs 2>&1 \
+    | tail -15 \
     | tee "$OUT/lora_graph_tests_${COMMIT}.log"
 fi
 
@@ -56,5 +59,9 @@ if [[ "$STEPS" == *" churn "* ]]; then
   step "bench_lora with 8 slots for 30 adapters (slot loads in the timed runs)"
   GIT_COMMIT=$COMMIT timeout 240 $PY scripts/bench_lora.py --num-requests "${NUM_REQUESTS:-240}" --max-loras 8 \
     --out "$OUT/lora_h200_llama8b_slots8_${COMMIT}.json" 2>&1 | tail -40 | tee "$OUT/bench_lora_slots8_${COMMIT}.log"
+  step "the same, slot loads on their own copy stream (--lora-slot-stream)"
+  GIT_COMMIT=$COMMIT timeout 240 $PY scripts/bench_lora.py --num-requests "${NUM_REQUESTS:-240}" --max-loras 8 \
+    --lora-slot-stream --out "$OUT/lora_h200_llama8b_slots8_stream_${COMMIT}.json" 2>&1 | tail -40 \
+    | tee "$OUT/bench_lora_slots8_stream_${COMMIT}.log"
 fi
 echo "== done in $(( $(date +%s) - started )) s"

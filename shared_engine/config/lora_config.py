@@ -19,7 +19,9 @@ class LoRAConfig:
     the file system. `enable_lora` off: requests cannot name adapters, and no slots are allocated.
     `lora_kernel` (CUDA; the CPU always runs the masked torch path): `sgmv` groups a step's tokens by adapter
     and reads each adapter's weights once per tile of its tokens (kernels/lora_sgmv.py), `bgmv` reads them
-    once per token (kernels/lora_bgmv.py)."""
+    once per token (kernels/lora_bgmv.py). `lora_slot_stream` (CUDA; off by default until measured on a GPU):
+    slot loads on a copy stream of their own, ordered by events against the steps that read the slots
+    (lora/slot_streams.py), instead of queued on the compute stream after the step in flight."""
 
     enable_lora: bool = False
     max_loras: int = 1
@@ -27,6 +29,7 @@ class LoRAConfig:
     max_cpu_loras: int | None = None
     allowed_local_lora_path: str | None = None
     lora_kernel: str = "sgmv"
+    lora_slot_stream: bool = False
 
     def __post_init__(self) -> None:
         check_range("max_loras", self.max_loras, 1, 256)

@@ -30,6 +30,7 @@ from shared_engine.lora.errors import LoRAValidationError
 from shared_engine.lora.lora_request import LoRARequest
 from shared_engine.lora.peft_adapter import LoRAAdapter, content_digest, load_adapter, resolve_adapter_path
 from shared_engine.lora.slot_image import SlotImage, make_slot_image
+from shared_engine.lora.slot_streams import CudaStreamOps, SlotStreams, StreamOps
 from shared_engine.model_arch import ModelArch
 from shared_engine.model_executor.layers.lora import LoRAContext
 
@@ -49,7 +50,10 @@ def load_checked(lora_request: LoRARequest, arch: ModelArch, config: LoRAConfig)
 
 
 class LoRAManager:
-    def __init__(self, model: torch.nn.Module, config: LoRAConfig, arch: ModelArch, max_num_tokens: int) -> None:
+    def __init__(self, model: torch.nn.Module, config: LoRAConfig, arch: ModelArch, max_num_tokens: int,
+                 stream_ops: StreamOps | None = None) -> None:
+        """`stream_ops`: slot loads through `SlotStreams` with these operations (tests); otherwise with
+        `config.lora_slot_stream` on CUDA, a copy stream of their own; else on the current stream."""
         ref = model.lm_head.weight
         self.ctx = LoRAContext(max_num_tokens, config.max_loras, ref.dtype, ref.device, config.lora_kernel)
         model.enable_lora(self.ctx, config.max_lora_rank)
@@ -65,6 +69,10 @@ class LoRAManager:
         self._slot_lru: OrderedDict[str, int] = OrderedDict()  # cache_key → slot, LRU first
         self.num_slot_loads = 0
         self.num_disk_loads = 0  # adapters read from disk into the CPU cache
+        if stream_ops is None and config.lora_slot_stream and self.device.type == "cuda":
+            stream_ops = CudaStreamOps(self.device)
+        self.streams = None if stream_ops is None else SlotStreams(config.max_loras, stream_ops)
+        self._step_slots: set[int] = set()  # the slots the step being launched reads
         self.slot_load_seconds = 0.0  # host time spent writing slots (includes the copies on the CPU)
 
     # ---- CPU cache -----------------------------------------------------------------------------------
@@ -146,8 +154,17 @@ class LoRAManager:
         self.ctx.active = bool(step_keys)
         pinned = step_keys | {key[1] for key in out.running_loras}
         slot_of = {key: self._slot_for(key, pinned) for key in step_keys}
+        self._step_slots = set(slot_of.values())
+        if self.streams is not None:
+            self.streams.before_step(self._step_slots)
         row_slots = np.array([-1 if k is None else slot_of[k] for k in row_keys], dtype=np.int32)
         return np.repeat(row_slots, [s.num_new_tokens for s in out.scheduled])
+
+    def step_enqueued(self) -> None:
+        """The model runner enqueued the forward of the step `prepare` set up: later loads into its slots wait
+        for it (with `streams`; nothing otherwise)."""
+        if self.streams is not None:
+            self.streams.after_step(self._step_slots)
 
     def _slot_for(self, key: str, pinned: set[str]) -> int:
         if key in self._slot_lru:
@@ -161,7 +178,10 @@ class LoRAManager:
                 raise RuntimeError(f"all {len(self._slots)} LoRA slots are held by running requests")
             slot = self._slot_lru.pop(victim)
         image = self._cpu[key]
-        self._write_slot(slot, image)
+        if self.streams is None:
+            self._write_slot(slot, image)
+        else:
+            self.streams.write(slot, lambda: self._write_slot(slot, image))
         self._slots[slot], self._slot_names[slot] = key, image.name
         self._slot_lru[key] = slot
         return slot

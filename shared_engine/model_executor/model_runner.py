@@ -294,6 +294,8 @@ class ModelRunner:
             self.varlen_graph_steps += is_varlen(key)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
+        if self.lora is not None:
+            self.lora.step_enqueued()  # with a slot-load stream: later loads into this step's slots wait for it
         prompt_logprobs = self._prompt_logprobs(out, hidden, inputs)
         requests = [out.scheduled[row].request for row in inputs.sampled_rows]
         tokens = token_ids = raw_logprobs = copied = None

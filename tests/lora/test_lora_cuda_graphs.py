@@ -1,7 +1,9 @@
 """Multi-LoRA on CUDA (gpu-marked; the lead's H200 run): greedy generations that mix adapters and the base
 model are the same through CUDA graphs (SGMV; BGMV too with LORA_GRAPH_BGMV=1) as eagerly through the masked
 torch path, with mixed graph steps whose decodes are padded (the LoRA slot map must follow the graph's padded
-rows); a step without adapter tokens replays the base-only graph and gives the base model's tokens."""
+rows); a step without adapter tokens replays the base-only graph and gives the base model's tokens. With
+LORA_GRAPH_STREAM=1, also with 2 slots for the 3 adapters (loads between steps) on their own copy stream
+(`lora_slot_stream`: a load must neither overwrite a slot under a step in flight nor be read before it lands)."""
 
 from __future__ import annotations
 
@@ -49,9 +51,12 @@ def test_lora_greedy_graphs_equal_eager_torch_path(small_model_dir, tmp_path):
     runs = [("eager_torch", dict(enforce_eager=True)), ("graphs_sgmv", {})]
     if os.environ.get("LORA_GRAPH_BGMV"):  # a third engine: BGMV in graphs too
         runs.append(("graphs_bgmv", dict(lora_kernel="bgmv")))
+    if os.environ.get("LORA_GRAPH_STREAM"):  # slot churn, loads on a copy stream
+        runs.append(("graphs_sgmv_stream_2_slots", dict(lora_slot_stream=True, max_loras=2)))
     for name, extra in runs:
-        llm = LLM(str(small_model_dir), load_format="dummy", dtype="float32", max_model_len=512, max_num_seqs=8,
-                  max_num_batched_tokens=64, device="cuda", enable_lora=True, max_loras=3, max_lora_rank=16, **extra)
+        kwargs = dict(load_format="dummy", dtype="float32", max_model_len=512, max_num_seqs=8,
+                      max_num_batched_tokens=64, device="cuda", enable_lora=True, max_loras=3, max_lora_rank=16)
+        llm = LLM(str(small_model_dir), **{**kwargs, **extra})
         runner = llm.engine.runner
         if name == "eager_torch":
             runner.lora.ctx.kernel = "torch"  # the masked dense path (the CPU's), as the reference
@@ -60,6 +65,8 @@ def test_lora_greedy_graphs_equal_eager_torch_path(small_model_dir, tmp_path):
         base = llm.generate(prompts[:4], params, use_tqdm=False)  # no adapter in any step
         results[name] = ([o.outputs[0].token_ids for o in mixed], [o.outputs[0].token_ids for o in base])
         stats[name] = (runner.graph_steps, runner.mixed_graph_steps, runner.base_only_graph_steps - base_steps)
+        if runner.lora.streams is not None:
+            assert runner.lora.streams.num_loads > len(loras)  # 3 adapters through 2 slots: reloads
         del llm, runner
         gc.collect()
         torch.cuda.empty_cache()

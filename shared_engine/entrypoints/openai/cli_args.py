@@ -89,6 +89,8 @@ _HELP = {
     "allowed_local_lora_path": "adapter paths must resolve inside this directory",
     "lora_kernel": "CUDA LoRA kernels: sgmv (tokens grouped by adapter, weights read once per tile) or bgmv "
     "(weights read once per token)",
+    "lora_slot_stream": "CUDA: load adapter slots on a copy stream of their own, ordered by events against the "
+    "steps that read them (not yet measured on a GPU)",
     "lora_modules": "adapters served from the start, as name=path",
     "allow_runtime_lora_updating": "enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter",
     "lora_admin_key": "bearer token for the LoRA admin routes (env fallback: SHARED_ENGINE_LORA_ADMIN_KEY)",
