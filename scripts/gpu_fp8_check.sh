@@ -29,7 +29,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 
 if want 1; then
   step "FP8 kernel and layer tests (CUDA)"
-  timeout 150 $PY -m pytest tests/kernels/test_fp8_kv_cache.py "tests/kernels/test_triton_backend.py" \
+  timeout 150 $PY -m pytest tests/kernels/test_fp8_kv_cache.py tests/kernels/test_fp8_quant.py tests/kernels/test_triton_backend.py \
     tests/engine/test_fp8_linear.py -q -p no:cacheprovider -rs 2>&1 | tail -12 | tee "$OUT/fp8_kernel_tests_${COMMIT}.log"
 fi
 

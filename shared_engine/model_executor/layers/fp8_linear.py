@@ -20,18 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0
-_MIN_AMAX = 1e-12  # an all-zero row or token: any scale works, this one avoids 0 / 0
+from kernels.fp8 import FP8_DTYPE, FP8_MAX  # noqa: F401 (re-exported)
+from kernels.fp8_quant import quantize_per_token, quantize_per_token_ref
 
 
 def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`x [rows, cols]` -> (`x_q [rows, cols]` float8_e4m3fn, `scale [rows, 1]` fp32) with
-    `x ~= float(x_q) * scale`: each row's largest magnitude maps to 448 (no saturation by construction)."""
-    amax = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(_MIN_AMAX)
-    scale = amax / FP8_MAX
-    x_q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return x_q, scale
+    `x ~= float(x_q) * scale`: each row's largest magnitude maps to 448 (no saturation by construction).
+    On CUDA one Triton kernel (kernels/fp8_quant.py, bit-equal to the torch maths used elsewhere)."""
+    return quantize_per_token(x) if x.is_cuda else quantize_per_token_ref(x)
 
 
 def fp8_linear(
@@ -53,8 +50,8 @@ def fp8_linear(
 
 
 def fp8_linear_ref(x, weight, weight_scale, bias=None) -> torch.Tensor:
-    """Emulated in fp32: quantise x per token, dequantise both operands, plain matmul."""
-    x_q, x_scale = quantize_rowwise(x.reshape(-1, x.shape[-1]))
+    """Emulated in fp32: quantise x per token (torch ops, on any device), dequantise both operands, plain matmul."""
+    x_q, x_scale = quantize_per_token_ref(x.reshape(-1, x.shape[-1]))
     out = (x_q.float() * x_scale) @ (weight.float() * weight_scale.view(-1, 1)).t()
     if bias is not None:
         out = out + bias.float()
