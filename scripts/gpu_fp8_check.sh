@@ -7,13 +7,13 @@
 #      weights and both against bf16, 4 x 1,024-token prompts + 8 teacher-forced decode steps;
 #   3. the CPU engine tests of --kv-cache-dtype fp8 / --quantization fp8, now on CUDA (bf16, CUDA graphs, the
 #      Triton kernels; the pool-ratio test then sees the memory profile's blocks);
-#   4. 1,000 / 1,000 offline throughput (bench_offline.py, dummy llama-3.1-8b, ignore_eos, max_num_seqs 1024,
-#      max_num_batched_tokens 8192, --roofline: the bound priced in FP8 with the FP8 rate measured in the same
-#      run): bf16 (the ratio's denominator, same run), FP8 KV, FP8 KV + FP8 weights. STEPS=1,2,3 skips step 4.
-# Estimate on one H200, cold Triton cache: ~60 + ~60 + ~60 s, then ~3 x (60 s start-up + 80-110 s run) ~= 8 min
-# for step 4: about 11 min in all, more than one 10-minute call: run STEPS=1,2,3 in one call and STEPS=4 in
-# another (or STEPS=4 FP8_ONLY=1: skip the bf16 run, ~6 min, and compare with the last bf16 results file).
-#   GIT_COMMIT=<sha> [STEPS=1,2,3,4] scripts/gpu_fp8_check.sh OUTDIR      (the device copy has no .git)
+#   4-6. 1,000 / 1,000 offline throughput (bench_offline.py, dummy llama-3.1-8b, ignore_eos, max_num_seqs 1024,
+#      max_num_batched_tokens 8192, --roofline: each run's bound priced in its own dtypes, the FP8 rate measured
+#      in the same run): 4 bf16 (the ratio's denominator), 5 FP8 KV, 6 FP8 KV + FP8 weights.
+# Estimate on one H200, cold Triton cache: ~60 + ~60 + ~60 s for steps 1-3, then ~60 s start-up + 80-110 s
+# per offline run: about 11 min in all, more than one 10-minute call. Run STEPS=1,2,3 (~3 min), then
+# STEPS=4,5 (~6 min), then STEPS=6 (~3 min), on one warm machine.
+#   GIT_COMMIT=<sha> [STEPS=1,2,3,4,5,6] scripts/gpu_fp8_check.sh OUTDIR      (the device copy has no .git)
 set -uo pipefail
 OUT=${1:?usage: gpu_fp8_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -21,7 +21,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$(pwd):${PYTHONPATH:-}"
 PY=${PYTHON:-python3}
 COMMIT=${GIT_COMMIT:-unknown}
 export GIT_COMMIT=$COMMIT
-STEPS=${STEPS:-1,2,3,4}
+STEPS=${STEPS:-1,2,3,4,5,6}
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
 step() { echo "== $1 ($(date +%T))"; }
 started=$(date +%s)
@@ -45,22 +45,17 @@ if want 3; then
     | tee "$OUT/fp8_engine_tests_${COMMIT}.log"
 fi
 
-if want 4; then
-  common=(--model llama-3.1-8b --load-format dummy --num-requests 1000 --input-len-min 1000 --input-len-max 1000
-          --output-len-min 1000 --output-len-max 1000 --max-model-len 2048 --max-num-seqs 1024
-          --max-num-batched-tokens 8192 --hf-mode none --roofline)
-  if [[ -z "${FP8_ONLY:-}" ]]; then
-    step "1000/1000 offline, bf16"
-    timeout 330 $PY scripts/bench_offline.py "${common[@]}" --out "$OUT/offline_llama8b_1000x1000_bf16_${COMMIT}.json" \
-      2>&1 | grep -E "^(ours|roofline|median)" | tee "$OUT/offline_bf16_${COMMIT}.log"
-  fi
-  step "1000/1000 offline, FP8 KV"
-  timeout 300 $PY scripts/bench_offline.py "${common[@]}" --kv-cache-dtype fp8 \
-    --out "$OUT/offline_llama8b_1000x1000_fp8kv_${COMMIT}.json" 2>&1 | grep -E "^(ours|roofline|median)" \
-    | tee "$OUT/offline_fp8kv_${COMMIT}.log"
-  step "1000/1000 offline, FP8 KV + FP8 weights"
-  timeout 300 $PY scripts/bench_offline.py "${common[@]}" --kv-cache-dtype fp8 --quantization fp8 \
-    --out "$OUT/offline_llama8b_1000x1000_fp8_${COMMIT}.json" 2>&1 | grep -E "^(ours|roofline|median)" \
-    | tee "$OUT/offline_fp8_${COMMIT}.log"
-fi
+common=(--model llama-3.1-8b --load-format dummy --num-requests 1000 --input-len-min 1000 --input-len-max 1000
+        --output-len-min 1000 --output-len-max 1000 --max-model-len 2048 --max-num-seqs 1024
+        --max-num-batched-tokens 8192 --hf-mode none --roofline)
+offline() {  # name, extra flags...
+  local name=$1; shift
+  step "1000/1000 offline, $name"
+  timeout 300 $PY scripts/bench_offline.py "${common[@]}" "$@" \
+    --out "$OUT/offline_llama8b_1000x1000_${name}_${COMMIT}.json" 2>&1 | grep -E "^(ours|roofline|median)" \
+    | tee "$OUT/offline_${name}_${COMMIT}.log"
+}
+want 4 && offline bf16
+want 5 && offline fp8kv --kv-cache-dtype fp8
+want 6 && offline fp8 --kv-cache-dtype fp8 --quantization fp8
 echo "== done in $(( $(date +%s) - started )) s"
