@@ -8,7 +8,8 @@ turn. A turn moves the prefix-cache query counter of exactly one replica (the on
 X-Upstream-Addr) by its prompt tokens and leaves the other's untouched, every turn of a session moves the same
 replica, and a session's later turns add prefix-cache hits there (their cached tokens). Sessions are opened
 until both replicas hold one, so both are exercised whatever ports the hash sees. Torn down, volumes included,
-also when a step fails. Skips without Docker unless SHARED_ENGINE_REQUIRE_DOCKER=1, then fails.
+also when a step fails. Skips without Docker unless SHARED_ENGINE_REQUIRE_DOCKER=1, then fails. Seen: 2 passed
+in 13 min on a 2-core machine at load average 16-20 (compose up about 10 of them), images prebuilt.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def agent_stack(images):
     ports = {name: str(free_port()) for name in ("ROUTER_PORT", "ENGINE_PORT", "ENGINE_B_PORT", "PROMETHEUS_PORT")}
     env = {**os.environ, **images, **ports}
     timings = {"build_s": float(images["build_s"])}
-    with compose_stack(COMPOSE_FILE, env, timings):
+    # two replicas load the model side by side after the conversion: on a 2-core machine shared with other
+    # jobs (load average 16-20) `up` took about 10 minutes, so 15 are allowed
+    with compose_stack(COMPOSE_FILE, env, timings, wait_timeout_s=900):
         yield {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
 
 
