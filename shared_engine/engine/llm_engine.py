@@ -66,9 +66,10 @@ class LLMEngine:
                               if s.enable_async_output_proc or s.async_scheduling else None)
         logger.info(capacity_line(num_blocks, config.cache.block_size, self.max_model_len))
         r = self.runner
-        logger.info("Model %s loaded (%s, %s). Cold start: weight loading %.1f s, compilation (Triton JIT, "
-                    "profiling pass) %.1f s, CUDA graph capture %.1f s (%d graphs), total %.1f s", self.source.name,
-                    r.dtype_name, r.device, r.load_seconds, r.compile_seconds, r.capture_seconds, r.num_cuda_graphs,
+        logger.info("Model %s loaded (%s%s, KV cache %s, %s). Cold start: weight loading %.1f s, compilation "
+                    "(Triton JIT, profiling pass) %.1f s, CUDA graph capture %.1f s (%d graphs), total %.1f s",
+                    self.source.name, r.dtype_name, ", fp8 linear layers" if config.model.quantization else "",
+                    r.kv_dtype_name, r.device, r.load_seconds, r.compile_seconds, r.capture_seconds, r.num_cuda_graphs,
                     r.load_seconds + r.compile_seconds + r.capture_seconds)
 
     def _num_kv_blocks(self, config: EngineConfig) -> int:
