@@ -128,6 +128,8 @@ class LoRAProjection(nn.Module):
         # the module (the kernels then skip it)
         self.register_buffer("slot_ranks", torch.zeros(len(out_sizes), ctx.max_loras, dtype=torch.int32,
                                                        device=device))
+        # host mirror of slot_ranks: rows past it are zero in A and B (`write_slot` zeroes only what it must)
+        self._rows_written = [[0] * ctx.max_loras for _ in out_sizes]
 
     def lora_b(self, index: int) -> torch.Tensor:
         """Slice `index`'s B: [max_loras * max_rank, out_sizes[index]] (a column view of `lora_b_all`)."""
@@ -176,15 +178,21 @@ class LoRAProjection(nn.Module):
     @torch.no_grad()
     def write_slot(self, slot: int, slice_index: int, a: torch.Tensor | None, b: torch.Tensor | None) -> None:
         """Put one adapter's `a` [r, in] and `b` [out, r] (scaled) into `slot` for slice `slice_index`; None
-        (the adapter does not target it) zeroes the slot's rows."""
+        (the adapter does not target it) leaves the slot's rows zero. Rows the previous adapter wrote past r
+        are zeroed and the slot's rank written only when it changes, so reloading a slot with an adapter of
+        the same shape is two copies per slice (a q/k/v/o adapter of llama-3.1-8b: 256 device operations
+        instead of 928), and an untargeted slice that is already zero costs nothing."""
         width = self.ctx.max_loras * self.max_rank
         rows = slice(slice_index * width + slot * self.max_rank, slice_index * width + (slot + 1) * self.max_rank)
         b_rows = slice(slot * self.max_rank, (slot + 1) * self.max_rank)
-        self.lora_a[rows].zero_()
-        self.lora_b(slice_index)[b_rows].zero_()
-        self.slot_ranks[slice_index, slot] = 0 if a is None else a.shape[0]
-        if a is None:
-            return
-        r = a.shape[0]
-        self.lora_a[rows][:r].copy_(a, non_blocking=True)
-        self.lora_b(slice_index)[b_rows][:r].copy_(b.t(), non_blocking=True)
+        r = 0 if a is None else a.shape[0]
+        previous = self._rows_written[slice_index][slot]
+        if previous > r:
+            self.lora_a[rows][r:previous].zero_()
+            self.lora_b(slice_index)[b_rows][r:previous].zero_()
+        if previous != r:
+            self.slot_ranks[slice_index, slot] = r
+        self._rows_written[slice_index][slot] = r
+        if r:
+            self.lora_a[rows][:r].copy_(a, non_blocking=True)
+            self.lora_b(slice_index)[b_rows][:r].copy_(b.t(), non_blocking=True)

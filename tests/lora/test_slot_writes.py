@@ -1,0 +1,73 @@
+"""`LoRAProjection.write_slot` writes only what changes (rows a larger previous rank left, the slot's rank when
+it differs, the new adapter's rows) and leaves the buffers exactly as a full rewrite of every slot would."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from shared_engine.model_executor.layers.lora import LoRAContext, LoRAProjection
+
+IN, OUTS, SLOTS, MAX_RANK = 24, [16, 8, 8], 3, 8
+
+
+def projection() -> LoRAProjection:
+    ctx = LoRAContext(max_num_tokens=8, max_loras=SLOTS, dtype=torch.float32, device=torch.device("cpu"))
+    return LoRAProjection(ctx, IN, OUTS, MAX_RANK, torch.float32, torch.device("cpu"))
+
+
+def full_rewrite(latest: dict) -> LoRAProjection:
+    """The buffers from zero with every slot's latest write applied in full (the old behaviour)."""
+    p = projection()
+    width = SLOTS * MAX_RANK
+    for (slot, i), (a, b) in latest.items():
+        if a is not None:
+            r = a.shape[0]
+            p.lora_a[i * width + slot * MAX_RANK : i * width + slot * MAX_RANK + r] = a
+            p.lora_b(i)[slot * MAX_RANK : slot * MAX_RANK + r] = b.t()
+            p.slot_ranks[i, slot] = r
+    return p
+
+
+class CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_random_writes_equal_a_full_rewrite():
+    rng = random.Random(0)
+    p, latest = projection(), {}
+    for step in range(120):
+        slot, i, rank = rng.randrange(SLOTS), rng.randrange(len(OUTS)), rng.choice([None, 1, 3, 8])
+        if rank is None:
+            a = b = None
+        else:
+            a, b = torch.randn(rank, IN), torch.randn(OUTS[i], rank)
+        p.write_slot(slot, i, a, b)
+        latest[(slot, i)] = (a, b)
+        want = full_rewrite(latest)
+        assert torch.equal(p.lora_a, want.lora_a), step
+        assert torch.equal(p.lora_b_all, want.lora_b_all), step
+        assert torch.equal(p.slot_ranks, want.slot_ranks), step
+
+
+def test_reloading_the_same_shapes_is_two_copies_per_slice():
+    p = projection()
+    a, b = torch.randn(4, IN), torch.randn(OUTS[0], 4)
+    p.write_slot(1, 0, a, b)
+    p.write_slot(1, 2, None, None)
+    with CountOps() as same:
+        p.write_slot(1, 0, a * 2, b * 2)  # another adapter of rank 4 into the slot
+        p.write_slot(1, 2, None, None)  # still untargeted: already zero
+    assert same.counts["zero_"] == 0 and same.counts["copy_"] == 2  # no zeroing, no rank write
+    with CountOps() as smaller:
+        p.write_slot(1, 0, a[:2], b[:, :2])  # rank 4 -> 2: rows 2-3 zeroed in A and B, rank written
+    assert smaller.counts["zero_"] == 2 and smaller.counts["copy_"] == 3
