@@ -14,7 +14,7 @@
 #      loads inside the timed runs (the admission waits for slots too), loads on the compute stream and then
 #      on their own copy stream (--lora-slot-stream), ~130 s each.
 # Each step has its own time limit, so one slow step cannot starve the next. Estimate (not measured) on one
-# H200, cold Triton cache: ~45 + ~35 + ~25 + ~130 s; STEPS="kernels bench" ~175 s. The benchmark's two
+# H200, cold Triton cache: ~45 + ~45 (three small engines) + ~25 + ~130 s; STEPS="kernels bench" ~175 s. The benchmark's two
 # llama-3.1-8b engine start-ups (graph capture) and its adapter writing dominate.
 #   GIT_COMMIT=<sha> scripts/gpu_lora_check.sh OUTDIR      (the device copy has no .git)
 # STEPS: which steps (default all; any of: kernels graphs micro bench churn; all leaves churn out), e.g.
