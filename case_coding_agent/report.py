@@ -138,7 +138,28 @@ def broke_section() -> str:
     ])
 
 
-BLOCKS = {"broke": broke_section, "measured": measured_section, "modelled": modelled_section,
+def spec_section() -> str:
+    on, off = (CASE_DIR / "the_fix" / f"sim_{k}_sweep_h200.json" for k in ("spec", "nospec"))
+    if not (on.exists() and off.exists()):
+        return ("Not modelled yet: `python -m case_coding_agent.sim_case --variant the_fix --acceptance-rate 0.69 "
+                "--sessions 4,32 --out the_fix/sim_spec_sweep_h200.json` and the same with `--set "
+                "speculative_config=null --out the_fix/sim_nospec_sweep_h200.json`.")
+    a, b = json.loads(on.read_text()), json.loads(off.read_text())
+    rows = ["| sessions on one H200 (modelled) | median ITL, spec / none (ms) | median TPOT of edit turns, spec / "
+            "none (ms) | TPOT ratio | output tok/s, spec / none |", "|---|---|---|---|---|"]
+    for x, y in zip(a["sweep"], b["sweep"]):
+        sx, sy = x["summary"], y["summary"]
+        ratio = sy["edit_median_tpot_ms"] / sx["edit_median_tpot_ms"] if sx["edit_median_tpot_ms"] else None
+        rows.append(f"| {x['sessions']} | {fmt(sx['all_median_itl_ms'], '{:.1f}')} / "
+                    f"{fmt(sy['all_median_itl_ms'], '{:.1f}')} | {fmt(sx['edit_median_tpot_ms'], '{:.1f}')} / "
+                    f"{fmt(sy['edit_median_tpot_ms'], '{:.1f}')} | {fmt(ratio, '{:.2f}x')} | "
+                    f"{fmt(sx['output_throughput'], '{:,.0f}')} / {fmt(sy['output_throughput'], '{:,.0f}')} |")
+    rows += ["", f"Commands: `{a['command']}` ({a['commit']}), `{b['command']}` ({b['commit']}). Output tok/s is "
+             "over each run's makespan with its tool pauses (closed-loop sessions), not a saturated throughput."]
+    return "\n".join(rows)
+
+
+BLOCKS = {"spec": spec_section, "broke": broke_section, "measured": measured_section, "modelled": modelled_section,
           "tenx": cost_section}
 
 
