@@ -7,7 +7,8 @@ and at 10x: modelled, not measured (no GPU needed).
 Input: the fix's session sweep (`sim_case.py --sessions`: the h200 trace regenerated with N warm sessions and
 its cold 60k pastes, all on one simulated H200 replica under the fix's config, llama-3.1-8b). Sessions per
 GPU = the largest N whose modelled run meets the brief's SLOs (workload.yaml `targets: h200`: p99 warm-turn
-TTFT <= 1 s; prompt-token hit rate on turns >= 2 at least 97% of its ceiling, the previous turn's prompt in
+TTFT <= 1 s, also over the warm turns that waited during a cold 60k prefill; prompt-token hit rate on
+turns >= 2 at least 97% of its ceiling, the previous turn's prompt in
 whole trace blocks: the brief's absolute 97% is above the ceiling of its own session shape, 1.5-2.5k new
 tokens a turn on contexts that start at 6k, which is 94.3% at the engine's 16-token blocks and 93.6% at the
 trace's 512). $ per session-hour = the GPU's $/hour (the
@@ -37,6 +38,9 @@ def misses(summary: dict, targets: dict) -> list[str]:
     ttft = summary.get("p99_warm_ttft_ms")
     if ttft is None or ttft > targets["p99_warm_ttft_ms"]:
         out.append(f"p99 warm TTFT {ttft} ms > {targets['p99_warm_ttft_ms']} ms")
+    during = summary.get("p99_warm_ttft_during_cold_ms")  # the brief: "even while a cold 60k prefill runs"
+    if during is not None and during > targets["p99_warm_ttft_ms"]:
+        out.append(f"p99 warm TTFT during a cold prefill {during} ms > {targets['p99_warm_ttft_ms']} ms")
     hit, ceiling = summary.get("turns2plus_hit_rate"), summary.get("turns2plus_hit_rate_ceiling")
     if "min_turns2plus_hit_rate" in targets and (hit is None or hit < targets["min_turns2plus_hit_rate"]):
         out.append(f"hit rate on turns >= 2 {hit} < {targets['min_turns2plus_hit_rate']}")

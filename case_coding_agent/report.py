@@ -102,7 +102,8 @@ def cost_section() -> str:
     nxt = c["next_bottleneck"]
     rows += ["", f"**Modelled**: {c['sessions_per_gpu']} sessions per H200 meet the SLOs "
              f"(${c['price_usd_per_gpu_hour']}/GPU-hour: ${c['usd_per_session_hour_at_capacity']} per "
-             f"session-hour at capacity). The brief's {b['concurrent_sessions']} sessions: {b['gpus']} GPUs, "
+             f"session-hour at capacity). The brief's {b['concurrent_sessions']} sessions: {b['gpus']} "
+             f"GPU{'s' if b['gpus'] != 1 else ''}, "
              f"${b['usd_per_hour']}/hour (${b['usd_per_session_hour']} per session-hour). At 10x "
              f"({x['concurrent_sessions']} sessions): {x['gpus']} GPUs, ${x['usd_per_hour']}/hour. Next bottleneck: "
              + (f"at {nxt['sessions']} sessions a GPU, {'; '.join(nxt['missed'])}; {nxt['num_preemptions']} "

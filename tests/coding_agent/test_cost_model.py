@@ -20,6 +20,8 @@ def test_misses_names_each_slo():
     missed = misses(run(1, 1200, 0.9)["summary"], TARGETS)
     assert len(missed) == 2 and "1200" in missed[0] and "0.9" in missed[1]
     assert misses({"p99_warm_ttft_ms": None, "turns2plus_hit_rate": 0.99}, TARGETS)  # no data is no pass
+    during = {"p99_warm_ttft_ms": 500, "p99_warm_ttft_during_cold_ms": 1500, "turns2plus_hit_rate": 0.99}
+    assert misses(during, TARGETS) == ["p99 warm TTFT during a cold prefill 1500 ms > 1000 ms"]
     relative = {"p99_warm_ttft_ms": 1000, "min_turns2plus_hit_share_of_ceiling": 0.97}
     assert misses(run(1, 900, 0.92, ceiling=0.94)["summary"], relative) == []  # 0.92 >= 0.97 x 0.94
     assert "ceiling 0.94" in misses(run(1, 900, 0.90, ceiling=0.94)["summary"], relative)[0]
