@@ -49,10 +49,10 @@ class Lease:
 
 
 class TenantLimiter:
-    def __init__(self, storage, slot_ttl_s: float = 900.0) -> None:
+    def __init__(self, storage, slot_ttl_s: int = 900) -> None:
         self.storage = storage
         self.window = strategies.MovingWindowRateLimiter(storage)
-        self.slot_ttl_s = slot_ttl_s
+        self.slot_ttl_s = int(slot_ttl_s)  # whole seconds: Redis EXPIRE takes an integer
         self._items: dict[str, limits.RateLimitItem] = {}
 
     def _item(self, spec: str) -> limits.RateLimitItem:

@@ -12,7 +12,7 @@ import pytest
 from tests.deploy.docker_helpers import engine_problem, require, run
 
 # Every case whose app image a compose suite needs; build_images.sh builds the engine image once for all.
-CASES = ("rag_chatbot", "batch_summarisation")
+CASES = ("rag_chatbot", "batch_summarisation", "multilora")
 
 
 def _image_cache(env: dict) -> Path:

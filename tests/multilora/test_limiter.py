@@ -53,3 +53,19 @@ def test_redis_uri_uses_redis_py():
     storage = storage_from_uri("redis://127.0.0.1:1/0")
     assert type(storage).__module__ == "limits.aio.storage.redis"  # asyncio storage (the server awaits it)
     assert "redispy" in type(storage.bridge).__name__.lower(), type(storage.bridge)
+
+
+def test_slot_expiry_is_whole_seconds_as_redis_needs():
+    """Redis's EXPIRE (limits' incr script) rejects a float: 'value is not an integer' (seen in compose)."""
+    from limits.aio.storage import MemoryStorage
+
+    class RedisLikeStorage(MemoryStorage):
+        async def incr(self, key: str, expiry, amount: int = 1) -> int:
+            assert isinstance(expiry, int), f"expiry {expiry!r} is not an integer"
+            return await super().incr(key, expiry, amount)
+
+    async def run():
+        limiter = TenantLimiter(RedisLikeStorage(), slot_ttl_s=900.0)
+        await (await limiter.acquire(TENANT, 10)).release()
+
+    asyncio.run(run())
