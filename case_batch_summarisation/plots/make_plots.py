@@ -28,6 +28,7 @@ def cpu_bars() -> list[tuple[str, float, float]]:
         if r := load(rel):
             bars.append((f"{label}\n{r['num_tickets']} tickets", r["tickets_per_s"], r["output_tokens_per_s"]))
     for rel, label in (("the_fix/dag_test_cpu_32.json", "the fix, dag.test\n(run-batch per shard)"),
+                       ("the_fix/dag_test_cpu_200.json", "the fix, dag.test\n(2 shards of 100)"),
                        ("the_fix/results_compose_cpu.json", "the fix, compose\n(Airflow DAG)")):
         r = load(rel)
         report = r and (r.get("report") or (r.get("runs") or [{}])[0].get("report"))
@@ -54,7 +55,7 @@ def main() -> None:
             ax.set_ylabel(label)
             ax.tick_params(axis="x", labelsize=7)
         fig.suptitle("SmolLM2-135M-Instruct on a shared 2-core CPU: host runs (60 tickets, commit 728158f) and "
-                     "compose / dag.test runs (32 tickets, commit ad7f84b); files in first_attempt/, the_fix/",
+                     "compose / dag.test runs (32 and 200 tickets, commit ad7f84b); files in first_attempt/, the_fix/",
                      fontsize=9)
         fig.tight_layout()
         fig.savefig(CASE / "plots" / "first_vs_fix_cpu.png", dpi=110)
