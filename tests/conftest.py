@@ -37,6 +37,21 @@ def default_model_dir():
 
 
 @pytest.fixture(scope="session")
+def small_model_dir(tmp_path_factory):
+    """2 layers, GQA 8/2, head_dim 64, fp32 dummy weights: small, but the GPU kernels' real code paths (the CUDA
+    graph, LoRA-graph and speculative CUDA tests)."""
+    path = tmp_path_factory.mktemp("small-llama")
+    config = {
+        "architectures": ["LlamaForCausalLM"], "vocab_size": 1024, "hidden_size": 512, "intermediate_size": 1024,
+        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "max_position_embeddings": 1024, "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_id": 2,
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A 2-layer Llama config (GQA 4/2, head_dim 16, vocab 128) for fast engine tests with dummy weights."""
     path = tmp_path_factory.mktemp("tiny-llama")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import random
 
 import pytest
@@ -24,20 +23,6 @@ from shared_engine.model_loader.model_source import resolve_model
 
 pytestmark = pytest.mark.gpu
 BLOCK = 16
-
-
-@pytest.fixture(scope="module")
-def small_model_dir(tmp_path_factory):
-    """2 layers, GQA 8/2, head_dim 64, fp32 dummy weights: small, but the kernels' real code paths."""
-    path = tmp_path_factory.mktemp("small-llama")
-    config = {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 1024, "hidden_size": 512, "intermediate_size": 1024,
-        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "max_position_embeddings": 1024, "tie_word_embeddings": False,
-        "bos_token_id": 1, "eos_token_id": 2,
-    }
-    (path / "config.json").write_text(json.dumps(config))
-    return path
 
 
 @pytest.fixture(scope="module")

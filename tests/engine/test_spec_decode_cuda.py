@@ -6,7 +6,6 @@ probability 0.7), since dummy weights give n-gram drafts nothing to match."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
@@ -14,19 +13,6 @@ import pytest
 from shared_engine import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def small_model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("small-llama-spec")
-    config = {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 1024, "hidden_size": 512, "intermediate_size": 1024,
-        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "max_position_embeddings": 1024, "tie_word_embeddings": False,
-        "bos_token_id": 1, "eos_token_id": 2,
-    }
-    (path / "config.json").write_text(json.dumps(config))
-    return path
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

@@ -8,7 +8,6 @@ LORA_GRAPH_STREAM=1, also with 2 slots for the 3 adapters (loads between steps) 
 from __future__ import annotations
 
 import gc
-import json
 import os
 import random
 
@@ -22,20 +21,6 @@ from shared_engine.model_arch import ModelArch
 pytestmark = pytest.mark.gpu
 ADAPTERS = [(4, ["q_proj", "v_proj"]), (8, ["q_proj", "k_proj", "v_proj", "o_proj"]),
             (16, ["o_proj", "gate_proj", "up_proj", "down_proj"])]
-
-
-@pytest.fixture(scope="module")
-def small_model_dir(tmp_path_factory):
-    """2 layers, GQA 8/2, head_dim 64, fp32 dummy weights (as tests/engine/test_cuda_graphs.py)."""
-    path = tmp_path_factory.mktemp("small-llama-lora")
-    config = {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 1024, "hidden_size": 512, "intermediate_size": 1024,
-        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "max_position_embeddings": 1024, "tie_word_embeddings": False,
-        "bos_token_id": 1, "eos_token_id": 2,
-    }
-    (path / "config.json").write_text(json.dumps(config))
-    return path
 
 
 def test_lora_greedy_graphs_equal_eager_torch_path(small_model_dir, tmp_path):
