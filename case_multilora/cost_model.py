@@ -15,12 +15,13 @@ Per token, a dedicated tenant pays price x ceil(r / (u C_base)) / r and the shar
 at r* = u C_shared: a tenant that alone fills a GPU at the shared engine's rate is cheaper on its own merged
 replica; below r* the dedicated GPU idles. `crossover_rate` returns r*, `curve` both costs over r.
 
-Inputs (`CostInputs`): C_base and C_shared from `benchmarks/results/lora_h200_llama8b_c10f286.json` (H200,
-llama-3.1-8b dummy weights, 240 requests of 256 in / 128 out; base engine 10,962 output tokens/s, 30 adapters
-of ranks 8/16/64 2,936: 26.8% of base, measured), and the brief's target (90% of base) as a second shared
-curve; the H200 price from shared_engine/sim/hardware_profiles/h200.json ($4.00/h, 2026-05); u = 0.7 (an
-assumption, not measured). Tenant rates: true Zipf over tenants (rate of the k-th most popular tenant
-proportional to k^-s, s = 1.1), the total sized so that the brief's 30 tenants fill one shared GPU at the
+Inputs (`CostInputs`): C_base and C_shared from `benchmarks/results/lora_h200_llama8b_284c523.json` (H200,
+llama-3.1-8b dummy weights, 240 requests of 256 in / 128 out, SGMV LoRA kernel; base engine 11,390 output
+tokens/s, 30 adapters of ranks 8/16/64 4,881: 42.9% of base, measured; the same file's 30 x rank 16 run, 41.7%,
+and batch-1 inter-token latency, +25.2% at rank 16, are reported alongside), and the brief's target (90% of
+base) as a second shared curve; the H200 price from shared_engine/sim/hardware_profiles/h200.json ($4.00/h,
+2026-05); u = 0.7 (an assumption, not measured). Tenant rates: true Zipf over tenants (rate of the k-th most
+popular tenant proportional to k^-s, s = 1.1), the total sized so that the brief's 30 tenants fill one shared GPU at the
 target, and the same per-tenant distribution at 10x the tenants (300: ten times the total).
 """
 
@@ -34,7 +35,7 @@ from pathlib import Path
 
 CASE_DIR = Path(__file__).resolve().parent
 REPO = CASE_DIR.parent
-LORA_RESULTS = REPO / "benchmarks" / "results" / "lora_h200_llama8b_c10f286.json"
+LORA_RESULTS = REPO / "benchmarks" / "results" / "lora_h200_llama8b_284c523.json"
 H200_PROFILE = REPO / "shared_engine" / "sim" / "hardware_profiles" / "h200.json"
 
 
@@ -118,6 +119,18 @@ def curve(c: CostInputs, rates: list[float]) -> list[dict]:
             for r in rates]
 
 
+def measured_context() -> dict:
+    """The LoRA results file's other figures, reported next to the model (not inputs to it): commit, the
+    30 x rank-16 run's share of base, batch-1 inter-token latency of base and rank 16 (ms)."""
+    data = json.loads(LORA_RESULTS.read_text())
+    runs, itl = data["runs"], data["itl_ms"]
+    return {"file": str(LORA_RESULTS.relative_to(REPO)), "commit": data["environment"]["commit"],
+            "gpu": data["environment"]["hardware"]["gpu"], "lora_kernel": data["engine_config"].get("lora_kernel"),
+            "mixed_8_16_64_vs_base": runs["mixed_8_16_64"]["vs_base"], "r16x30_vs_base": runs["r16x30"]["vs_base"],
+            "itl_ms_batch1_base": itl["base"], "itl_ms_batch1_r16": itl["lora_r16"],
+            "itl_r16_overhead_vs_base": itl["r16_overhead_vs_base"]}
+
+
 def report(c: CostInputs, target_share: float = 0.9, num_tenants: int = 30, s: float = 1.1) -> dict:
     """Measured and target shared capacity: crossover, costs, fleets at the brief's tenants and at 10x."""
     target = replace(c, shared_capacity=target_share * c.base_capacity, source=f"{target_share:.0%} of base (target)")
@@ -133,7 +146,7 @@ def report(c: CostInputs, target_share: float = 0.9, num_tenants: int = 30, s: f
     return out
 
 
-def plot(c: CostInputs, out: dict, path: Path) -> None:
+def plot(c: CostInputs, out: dict, path: Path, provenance: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,7 +164,8 @@ def plot(c: CostInputs, out: dict, path: Path) -> None:
         ax.annotate(f"r* = {crossover_rate(shared):,.0f} tok/s", (crossover_rate(shared), shared_cost(shared)),
                     textcoords="offset points", xytext=(5, 8), fontsize=8)
     ax.set(xscale="log", yscale="log", xlabel="one tenant's output rate (tokens/s)", ylabel="USD per 1M output tokens",
-           title="Shared multi-LoRA vs dedicated replica, H200, llama-3.1-8b (modelled from measured throughput)")
+           title="Shared multi-LoRA vs dedicated replica, H200, llama-3.1-8b (modelled from measured throughput)"
+           + (f"\n{provenance}" if provenance else ""))
     ax.title.set_fontsize(9)
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
@@ -169,6 +183,7 @@ def main() -> None:
     args = parser.parse_args()
     inputs = replace(measured_inputs(), utilisation=args.utilisation)
     out = report(inputs)
+    out["measured_context"] = measured_context()
     out["command"] = "python case_multilora/cost_model.py" + (f" --json {args.json}" if args.json else "") + (
         f" --plot {args.plot}" if args.plot else "")
     text = json.dumps(out, indent=2)
@@ -176,7 +191,9 @@ def main() -> None:
     if args.json:
         args.json.write_text(text + "\n")
     if args.plot:
-        plot(inputs, out, args.plot)
+        ctx = out["measured_context"]
+        plot(inputs, out, args.plot, f"from {Path(ctx['file']).name} ({ctx['lora_kernel']}, commit {ctx['commit']}); "
+             "python case_multilora/cost_model.py")
 
 
 if __name__ == "__main__":
