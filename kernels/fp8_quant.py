@@ -13,15 +13,15 @@ import triton
 import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_tensor
-from kernels.fp8 import FP8_DTYPE, FP8_MAX, round_to_e4m3
+from kernels.fp8 import FP8_DTYPE, FP8_MAX, ieee_div, round_to_e4m3
 
 MIN_AMAX = 1e-12  # an all-zero row: any scale works, this one avoids 0 / 0
 
 
 def quantize_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`x [M, K]` -> (`x_q [M, K]` float8_e4m3fn, `scale [M, 1]` fp32), `x ~= float(x_q) * scale`."""
-    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(MIN_AMAX) / FP8_MAX
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+    scale = ieee_div(x.abs().amax(dim=-1, keepdim=True).float().clamp_min(MIN_AMAX), FP8_MAX)
+    return ieee_div(x, scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
 @triton.jit

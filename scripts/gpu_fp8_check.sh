@@ -29,8 +29,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 
 if want 1; then
   step "FP8 kernel and layer tests (CUDA)"
+  # the whole log to the file (every failure, short tracebacks); the summary lines to the console
   timeout 150 $PY -m pytest tests/kernels/test_fp8_kv_cache.py tests/kernels/test_fp8_quant.py tests/kernels/test_triton_backend.py \
-    tests/engine/test_fp8_linear.py -q -p no:cacheprovider -rs 2>&1 | tail -12 | tee "$OUT/fp8_kernel_tests_${COMMIT}.log"
+    tests/engine/test_fp8_linear.py -q -p no:cacheprovider -rfEs --tb=short > "$OUT/fp8_kernel_tests_${COMMIT}.log" 2>&1
+  grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/fp8_kernel_tests_${COMMIT}.log" | tail -40
 fi
 
 if want 2; then

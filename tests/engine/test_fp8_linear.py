@@ -1,6 +1,7 @@
 """`quantization="fp8"`: per-output-channel weight scales, dynamic per-token activation scales, the matmul
-through `torch._scaled_mm` (run here on the CPU, where torch implements it, against a float emulation: the CUDA
-path makes the same call), layers quantised at load, and the CPU engine refusing the flag with a clear message."""
+through `torch._scaled_mm` (run here on the CPU, where torch implements it with per-tensor scales, against a
+float emulation: the CUDA path makes the row-wise call), layers quantised at load, and the CPU engine refusing
+the flag with a clear message."""
 
 from __future__ import annotations
 
@@ -75,10 +76,20 @@ def test_quantised_layers_run_fp8_and_track_the_float_layers():
 
 
 def test_cpu_engine_refuses_fp8_quantization_naming_the_flag(tiny_model_dir):
+    # device="cpu": on a CUDA machine "auto" would pick the GPU (which runs FP8) and fail elsewhere first
     with pytest.raises(ValueError, match=r"--quantization fp8.*CUDA GPU with FP8 tensor cores.*cpu"):
-        LLM(model=str(tiny_model_dir), load_format="dummy", quantization="fp8", num_gpu_blocks_override=8)
+        LLM(model=str(tiny_model_dir), load_format="dummy", quantization="fp8", device="cpu",
+            num_gpu_blocks_override=64)
     with pytest.raises(ValueError, match="quantization must be one of"):
         EngineConfig.from_flat(quantization="int4")
+
+
+@pytest.mark.gpu
+def test_cuda_engine_refuses_fp8_quantization_of_a_float32_model(tiny_model_dir):
+    """_scaled_mm's row-wise scaling writes bf16: a float32 model on the GPU is refused before it loads."""
+    with pytest.raises(ValueError, match=r"--quantization fp8 needs --dtype bfloat16.*float32"):
+        LLM(model=str(tiny_model_dir), load_format="dummy", quantization="fp8", device="cuda", dtype="float32",
+            num_gpu_blocks_override=64)
 
 
 @pytest.mark.gpu

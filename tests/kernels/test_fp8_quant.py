@@ -4,7 +4,7 @@ including an all-zero row, an outlier row, a K that is not a power of two and st
 import pytest
 import torch
 
-from kernels.fp8 import FP8_MAX
+from kernels.fp8 import FP8_MAX, ieee_div, quantize_fp8_ref
 from kernels.fp8_quant import quantize_per_token, quantize_per_token_ref
 
 
@@ -26,3 +26,15 @@ def test_rejects_bad_input(device):
         quantize_per_token(torch.randn(2, 3, 4, device=device))
     q, s = quantize_per_token(torch.randn(0, 16, device=device))
     assert q.shape == (0, 16) and s.shape == (0, 1)
+
+
+def test_references_divide_exactly_on_every_device(device):
+    """The torch references divide as the kernels' div_rn on every device: CUDA's `x / 448.0` is
+    `x * (1 / 448)`, off by one ulp for about a quarter of the inputs (the per-token scales then differ)."""
+    x = torch.rand(4096, generator=torch.Generator().manual_seed(2)) * 100 + 1e-3
+    exact = x / 448.0  # the CPU: IEEE division
+    assert torch.equal(ieee_div(x.to(device), 448.0).cpu(), exact)
+    assert torch.equal(quantize_per_token_ref(x.view(64, 64).to(device))[1].cpu().view(-1),
+                       x.view(64, 64).abs().amax(1) / 448.0)
+    assert torch.equal(quantize_fp8_ref(x.to(device), 0.05).cpu().view(torch.uint8),
+                       (x / 0.05).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8))

@@ -43,10 +43,28 @@ def fp8_linear(
     if x2.shape[0] == 0:
         return x.new_empty((*shape[:-1], weight.shape[0]))
     x_q, x_scale = quantize_rowwise(x2)
-    out = torch._scaled_mm(x_q, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), out_dtype=x.dtype)
+    out = scaled_mm_rowwise(x_q, weight.t(), x_scale, weight_scale.view(1, -1), x.dtype)
     if bias is not None:
         out = out + bias
     return out.reshape(*shape[:-1], weight.shape[0])
+
+
+def scaled_mm_rowwise(
+    a: torch.Tensor,  # [M, K] float8_e4m3fn, row-major
+    b: torch.Tensor,  # [K, N] float8_e4m3fn, column-major (a row-major weight's .t())
+    scale_a: torch.Tensor,  # [M, 1] fp32
+    scale_b: torch.Tensor,  # [1, N] fp32
+    out_dtype: torch.dtype,
+) -> torch.Tensor:  # [M, N] out_dtype: scale_a * scale_b * (a @ b), the scales applied to the fp32 accumulator
+    """`torch._scaled_mm` with row-wise scales. CUDA: one call (FP8 tensor cores; K and N multiples of 16,
+    bf16 out). CPU: torch before 2.13 takes only per-tensor scales there ("_scaled_mm only supports per-tensor
+    scaling for CPU backend", torch 2.10/2.11), so the FP8 matmul runs with unit scales into fp32 and the
+    scales are applied to that accumulator, then rounded to `out_dtype`: the same maths."""
+    if a.is_cuda:
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+    one = torch.ones((), dtype=torch.float32)
+    acc = torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32)
+    return (acc * scale_a * scale_b).to(out_dtype)
 
 
 def fp8_linear_ref(x, weight, weight_scale, bias=None) -> torch.Tensor:
