@@ -12,12 +12,19 @@
 #      README table);
 #   5. (only with STEPS=churn, not in "all") the same benchmark with 8 GPU slots for the 30 adapters: slot
 #      loads inside the timed runs (the admission waits for slots too), loads on the compute stream and then
-#      on their own copy stream (--lora-slot-stream), ~130 s each.
+#      on their own copy stream (--lora-slot-stream), ~130 s each;
+#   6. (only with STEPS=profile, not in "all") scripts/profile_lora_step.py: where a step's time goes, base
+#      engine against 30 resident rank-16 adapters on the bench's workload, CUDA graphs and eager (per-step
+#      wall, device span and host pieces; torch.profiler kernels top-25 over the prefill steps and 16
+#      steady-state decode steps; graph vs eager steps and why). Estimate (not measured): ~110 s (two
+#      llama-3.1-8b start-ups with graph capture ~25 + ~40 s, four runs of the workload ~30 s, the adapters
+#      ~5 s); own limit 240 s. STEPS="profile bench" ~240 s.
 # Each step has its own time limit, so one slow step cannot starve the next. Estimate (not measured) on one
 # H200, cold Triton cache: ~45 + ~45 (three small engines) + ~25 + ~130 s; STEPS="kernels bench" ~175 s. The benchmark's two
 # llama-3.1-8b engine start-ups (graph capture) and its adapter writing dominate.
 #   GIT_COMMIT=<sha> scripts/gpu_lora_check.sh OUTDIR      (the device copy has no .git)
-# STEPS: which steps (default all; any of: kernels graphs micro bench churn; all leaves churn out), e.g.
+# STEPS: which steps (default all; any of: kernels graphs micro bench churn profile; all leaves churn and
+# profile out), e.g.
 # STEPS="kernels bench" or STEPS="bench churn" (~390 s).
 set -uo pipefail
 OUT=${1:?usage: gpu_lora_check.sh OUTDIR}
@@ -63,5 +70,11 @@ if [[ "$STEPS" == *" churn "* ]]; then
   GIT_COMMIT=$COMMIT timeout 240 $PY scripts/bench_lora.py --num-requests "${NUM_REQUESTS:-240}" --max-loras 8 \
     --lora-slot-stream --out "$OUT/lora_h200_llama8b_slots8_stream_${COMMIT}.json" 2>&1 | tail -40 \
     | tee "$OUT/bench_lora_slots8_stream_${COMMIT}.log"
+fi
+if [[ "$STEPS" == *" profile "* ]]; then
+  step "profile_lora_step (base vs 30 rank-16 adapters, graphs and eager)"
+  GIT_COMMIT=$COMMIT timeout 240 $PY scripts/profile_lora_step.py --num-requests "${NUM_REQUESTS:-240}" \
+    --out "$OUT/profile_lora_step_h200_${COMMIT}.json" 2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tail -12 \
+    | tee "$OUT/profile_lora_step_${COMMIT}.log"
 fi
 echo "== done in $(( $(date +%s) - started )) s"
