@@ -82,25 +82,33 @@ def night_plan(rate: float, tokens_per_ticket: float, price: float, tickets: int
             "usd_per_million_tokens": price / (rate * tokens_per_ticket * 3600 / 1e6)}
 
 
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(CASE_DIR.parent))
+    except ValueError:
+        return str(path)
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-requests", type=int, default=None, help="tickets per simulated replica")
     p.add_argument("--gpus", default=",".join(GPUS))
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--measured", type=Path, default=MEASURED, help="the H200 results file that calibrates")
     args = p.parse_args(argv)
     spec, night, prices = load_workload()
     if args.num_requests:
         import dataclasses
 
         spec = dataclasses.replace(spec, num_requests=args.num_requests)
-    measured = json.loads(MEASURED.read_text())["run"]
+    measured = json.loads(args.measured.read_text())["run"]
     raw = {gpu: simulate(gpu, spec) for gpu in args.gpus.split(",")}
     factor = measured["rows_per_s"] / raw["h200"]["request_throughput"] if "h200" in raw else 1.0
     per_ticket_tokens = (measured["prompt_tokens"] + measured["completion_tokens"]) / measured["num_rows"]
     in_share = measured["prompt_tokens"] / (measured["prompt_tokens"] + measured["completion_tokens"])
     api_per_1m = in_share * prices["api_input_usd_per_1m"] + (1 - in_share) * prices["api_output_usd_per_1m"]
     result = {"model": MODEL, "workload": "case_batch_summarisation/workload.yaml", "modelled": True,
-              "calibration": {"measured_file": str(MEASURED.relative_to(CASE_DIR.parent)),
+              "calibration": {"measured_file": _relative(args.measured),
                               "measured_h200_tickets_per_s": measured["rows_per_s"],
                               "modelled_h200_tickets_per_s": raw.get("h200", {}).get("request_throughput"),
                               "calibration_factor": factor},

@@ -1,24 +1,36 @@
 #!/usr/bin/env bash
-# The fix on one H200 (no network), in one device call: installs the request/response models' packages
-# (fastapi, pydantic, their opentelemetry-api and typing-extensions) from a wheel folder if they are missing, records the GPU, runs offline_run.py on
-# llama-3.1-8b shapes with dummy weights, the brief's ticket distribution and SmolLM2's tokenizer (its chat
-# template renders the tickets; prompts are real BPE token ids), sized to fit TIME_BUDGET_S, with the roofline.
-#   GIT_COMMIT=<sha> WHEELS=.wheels_h200 TOKENIZER=h200_tokenizer TIME_BUDGET_S=120 \
-#       case_batch_summarisation/loadtest/h200_run.sh OUTDIR
-# Results: OUTDIR/offline_h200.json (+ nvidia_smi.txt); copy to case_batch_summarisation/the_fix/.
+# The fix on one H200 (no network), in one 10-minute device call: installs the request/response models'
+# packages (fastapi, pydantic, their opentelemetry-api and typing-extensions) from a wheel folder if they are
+# missing, records the GPU, runs offline_run.py on llama-3.1-8b shapes with dummy weights, the brief's ticket
+# distribution (log-normal, median 600 tokens, sigma 0.7, cut at 6,000) and SmolLM2's tokenizer (its chat
+# template renders the tickets; prompts are real BPE token ids): NUM_TICKETS (20,000) tickets queued at once
+# (never sized down), a small warm-up first, the roofline after.
+#   GIT_COMMIT=<sha> case_batch_summarisation/loadtest/h200_run.sh OUTDIR
+# Expected (4dec0d0's H200 run: start-up 38 s, 37.2 tickets/s on 2,728 tickets): ~45 s start-up, ~5 s warm-up
+# and ceilings, ~10 s preparing 20,000 rows, ~520 s run: ~580 s. RUN_LIMIT_S (575) bounds the python process:
+# past it, SIGTERM writes the results with `partial_run` (tickets finished, rate) and the script exits 124.
+# Results: OUTDIR/offline_h200_<commit>.json, .log and nvidia_smi.txt; commit them to
+# case_batch_summarisation/the_fix/, then `python -m case_batch_summarisation.loadtest.h200_row FILE`.
 set -euo pipefail
 OUT=${1:?usage: h200_run.sh OUTDIR [offline_run.py args]}
 shift
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$(pwd):${PYTHONPATH:-}" TOKENIZERS_PARALLELISM=true
+export TQDM_MININTERVAL=${TQDM_MININTERVAL:-10} PYTHONUNBUFFERED=1 PYTHONPATH="$(pwd):${PYTHONPATH:-}" TOKENIZERS_PARALLELISM=true
 PY=${PYTHON:-python3}
+TOK=${TOKENIZER:-h200_tokenizer}
+SHA=${GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+test -f "$TOK/tokenizer.json" -a -f "$TOK/chat_template.jinja" || { echo "no tokenizer in $TOK" >&2; exit 2; }
 if ! $PY -c "import fastapi, pydantic, yaml" 2>/dev/null; then
   $PY -m pip install -q --no-index --no-deps --target /tmp/site "${WHEELS:-.wheels_h200}"/*.whl
   export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
-$PY -c "import shared_engine.entrypoints.batch.run_batch"  # fail in seconds if a package is missing
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/nvidia_smi.txt"
-$PY case_batch_summarisation/loadtest/offline_run.py --model llama-3.1-8b --load-format dummy \
-  --tokenizer "${TOKENIZER:?a tokenizer directory with a chat template}" --fixed-output \
-  --num-tickets "${NUM_TICKETS:-20000}" --warmup-tickets "${WARMUP_TICKETS:-400}" \
-  --time-budget-s "${TIME_BUDGET_S:-120}" --roofline --out "$OUT/offline_h200.json" "$@"
+$PY -c "import shared_engine.entrypoints.batch.run_batch, tqdm"  # fail in seconds if a package is missing
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/nvidia_smi.txt"
+fi
+export GIT_COMMIT=$SHA
+timeout -s TERM -k 10 "${RUN_LIMIT_S:-575}" \
+  $PY case_batch_summarisation/loadtest/offline_run.py --model "${MODEL:-llama-3.1-8b}" --load-format dummy \
+  --tokenizer "$TOK" --fixed-output --num-tickets "${NUM_TICKETS:-20000}" --warmup-tickets "${WARMUP_TICKETS:-64}" \
+  --roofline --out "$OUT/offline_h200_${SHA:0:7}.json" "$@" 2>&1 | tee "$OUT/offline_h200_${SHA:0:7}.log"
+exit "${PIPESTATUS[0]}"

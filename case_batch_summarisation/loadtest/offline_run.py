@@ -11,18 +11,24 @@ workload's roofline on CUDA. The same script runs the CPU check and the H200 run
 A warm-up batch (`--warmup-tickets`, other tickets) runs first: it compiles kernels and captures CUDA graphs,
 and its rate sizes the main run: with `--time-budget-s`, the main run takes
 min(--num-tickets, warm-up rate x budget) tickets (the device call has a hard limit; the results file says
-how many ran and why). `--fixed-output` (dummy weights): each summary is 100-150 tokens (`ignore_eos`).
+how many ran and why), never fewer than `--min-tickets`. `--fixed-output` (dummy weights): each summary is
+100-150 tokens (`ignore_eos`).
 
 Roofline (benchmarks/roofline.py, `offline_roofline`): the device's measured copy bandwidth and bf16 matmul
 rate; prompt tokens served from the prefix cache are not computed, so the bound is taken at the computed
 prompt tokens per ticket (`prefill_tokens / tickets`); `prefill_compute_bound_s` is the prefill's matmul +
 attention FLOPs alone over the matmul rate.
+
+On SIGTERM (h200_run.sh runs this under `timeout`) the results file is written with `partial_run` (tickets
+finished, tokens and seconds so far) and the process exits 124: a run past its limit still leaves its rate.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import tempfile
 import time
@@ -61,6 +67,38 @@ def prefill_compute_s(arch, prompt_tokens_per_ticket: float, cached_per_ticket: 
     pairs = new * cached_per_ticket + new * new / 2
     flops = tickets * (2 * arch.num_parameters * new + 4 * arch.num_layers * arch.num_heads * arch.head_dim * pairs)
     return flops / matmul_flops
+
+
+class Partial:
+    """The main run's progress (run_batch's `progress` hook) and, on SIGTERM, `partial_run` in the results file
+    (written at once; exit status 124, as `timeout`'s)."""
+
+    def __init__(self, llm, results: dict, out: Path):
+        self.llm, self.results, self.out = llm, results, out
+        self.rows = self.tokens = 0
+        self.elapsed = 0.0
+        self.prefill0 = llm.engine.stats.num_prompt_tokens_total
+        self.next_print = 60.0
+
+    def __call__(self, rows: int, tokens: int, elapsed: float) -> None:
+        self.rows, self.tokens, self.elapsed = rows, tokens, elapsed
+        if elapsed >= self.next_print:
+            self.next_print += 60.0
+            print(f"{elapsed:.0f} s: {rows} tickets done, {rows / elapsed:.1f} tickets/s", flush=True)
+
+    def on_signal(self, signum, frame) -> None:
+        e = self.elapsed or float("inf")
+        prefill = self.llm.engine.stats.num_prompt_tokens_total - self.prefill0
+        self.results["partial_run"] = {
+            "stopped_by": signal.Signals(signum).name, "num_rows_finished": self.rows,
+            "completion_tokens_of_finished": self.tokens, "prefill_tokens_computed": prefill, "elapsed_s": self.elapsed,
+            "rows_per_s": self.rows / e, "output_tokens_per_s_of_finished": self.tokens / e,
+            "prefill_tokens_per_s": prefill / e}
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.out.write_text(json.dumps(self.results, indent=2))
+        print(f"stopped by {signal.Signals(signum).name} after {self.elapsed:.1f} s: {self.rows} tickets finished "
+              f"({self.rows / e:.1f} tickets/s); partial results in {self.out}", flush=True)
+        os._exit(124)
 
 
 def roofline(llm, summary, tickets: int, ceilings: dict) -> dict:
@@ -107,6 +145,7 @@ def main() -> None:
     p.add_argument("--num-tickets", type=int, default=20000)
     p.add_argument("--warmup-tickets", type=int, default=300)
     p.add_argument("--time-budget-s", type=float, default=None, help="size the main run to fit this")
+    p.add_argument("--min-tickets", type=int, default=0, help="the time budget never sizes the run below this")
     p.add_argument("--median-tokens", type=float, default=600.0)
     p.add_argument("--sigma", type=float, default=0.7)
     p.add_argument("--max-ticket-tokens", type=int, default=6000)
@@ -140,7 +179,7 @@ def main() -> None:
     if ceilings is not None:
         rate = min(rate, roofline_rate(llm, warm, ceilings, args.assumed_efficiency))
     if args.time_budget_s:
-        n = max(args.warmup_tickets, min(n, int(rate * args.time_budget_s)))
+        n = max(args.warmup_tickets, args.min_tickets, min(n, int(rate * args.time_budget_s)))
     results["workload"] = {"num_tickets_asked": args.num_tickets, "num_tickets": n,
                            "sized_by_time_budget_s": args.time_budget_s if n < args.num_tickets else None,
                            "sizing_rate_tickets_per_s": rate,
@@ -148,7 +187,11 @@ def main() -> None:
                            "max_ticket_tokens": args.max_ticket_tokens, "fixed_output": args.fixed_output,
                            "seed": args.seed}
     print(f"warm-up {warm.num_rows} tickets: {warm.rows_per_s:.1f} tickets/s; main run: {n} tickets", flush=True)
-    summary = run_batch(llm, night(tmp / "night.jsonl", args, n, 0), tmp / "out.jsonl", name, use_tqdm=True)
+    night_path = night(tmp / "night.jsonl", args, n, 0)
+    partial = Partial(llm, results, args.out)
+    signal.signal(signal.SIGTERM, partial.on_signal)
+    summary = run_batch(llm, night_path, tmp / "out.jsonl", name, use_tqdm=True, progress=partial)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     results["run"] = s = summary.as_dict()
     results["scheduler"] = {"num_preemptions": llm.engine.scheduler.num_preemptions_total,
                             "kv_pool_tokens": llm.engine.block_manager.num_blocks * llm.engine.block_manager.block_size}

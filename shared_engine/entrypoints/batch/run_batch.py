@@ -77,10 +77,12 @@ def shared_prefix(rows: list[BatchRow], block_size: int) -> list[int]:
 
 
 def run_batch(llm, input_path: Path, output_path: Path, model_name: str, use_tqdm: bool = True,
-              server_config=None) -> BatchSummary:
+              server_config=None, progress=None) -> BatchSummary:
     """Run every row of `input_path` through `llm` (a `shared_engine.LLM`) and write `output_path`.
 
     `server_config` (a `ServerConfig`; default: the defaults) bounds `n` and stop lists as the server does.
+    `progress(rows_done, completion_tokens, seconds_since_first_queued)`, if given, is called after every engine
+    step (a load test's partial results when its time runs out).
     Raises `DuplicateCustomIdError` before anything runs; any other per-row problem is that row's error."""
     from shared_engine.entrypoints.openai.logprobs import TokenText
 
@@ -105,7 +107,7 @@ def run_batch(llm, input_path: Path, output_path: Path, model_name: str, use_tqd
         else []
     if prefix:
         llm.generate([prefix], SamplingParams(max_tokens=1), use_tqdm=False)
-    outputs = _generate(engine, runnable, use_tqdm)
+    outputs = _generate(engine, runnable, use_tqdm, progress, started)
     runnable = [r for r in runnable if r.error is None]  # add_request may refuse a row (a response_format)
     token_text = TokenText(engine.tokenizer) if engine.tokenizer is not None else None
     out_rows = [error_row(r.custom_id, r.error) if r.error is not None
@@ -130,7 +132,7 @@ def engine_check(engine, ids, params) -> None:
     check(engine, ids, params)
 
 
-def _generate(engine, rows: list[BatchRow], use_tqdm: bool) -> dict:
+def _generate(engine, rows: list[BatchRow], use_tqdm: bool, progress=None, started: float = 0.0) -> dict:
     """Queue every row, longest prompt first; returns {row.line: RequestOutput}."""
     ordered = sorted(rows, key=lambda r: len(r.prompt_token_ids), reverse=True)
     for r in ordered:
@@ -152,6 +154,8 @@ def _generate(engine, rows: list[BatchRow], use_tqdm: bool) -> dict:
                 generated += sum(len(c.token_ids) for c in output.outputs)
                 if bar is not None:
                     bar.update(1)
+        if progress is not None:
+            progress(len(results), generated, time.perf_counter() - started)
         if bar is not None and time.perf_counter() - last > 1.0:
             last = time.perf_counter()
             bar.set_postfix_str(f"{generated / max(bar.format_dict['elapsed'], 1e-9):.0f} output tok/s", refresh=False)
