@@ -23,6 +23,16 @@ from kernels._jit import serving_jit
 from kernels.fp8 import KV_CACHE_DTYPES, check_scale, read_cache
 from kernels.paged_decode_attention import gather_paged_kv
 
+# Tile configs (block_m, block_n, num_warps, num_stages) the H200 bench sweeps (scripts/bench_prefill_attention.py
+# --sweep): the default first, then FlashAttention-2-style Hopper candidates (128-row query tiles over 8 warps,
+# 32/64/128-wide KV tiles, 2-4 pipeline stages). Each (block_m, block_n) is checked against the reference in
+# Triton's interpreter (tests/kernels/test_paged_prefill_attention.py); warps and stages only schedule.
+TILE_CONFIGS = (
+    (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 3), (64, 32, 4, 3),
+    (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 8, 4),
+    (128, 128, 8, 2), (128, 128, 8, 3), (128, 32, 8, 3), (128, 32, 4, 4),
+)
+
 
 def paged_prefill_attention_ref(
     q: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]

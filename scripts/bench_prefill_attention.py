@@ -1,10 +1,20 @@
-"""Prefill attention benchmarks (imported by scripts/bench_kernels.py): `paged_prefill_attention` (and, with
-`sweep`, its tile shapes) against SDPA on contiguous K/V, in SDPA-equivalent FLOPs, for 4 x 2048 new tokens and
-a RAG chunk (450 tokens after a 5,200-token cached prefix)."""
+"""Prefill attention benchmarks: `paged_prefill_attention` (and, with `sweep`, its tile shapes) against SDPA on
+contiguous bf16 K/V, in SDPA-equivalent FLOPs, for 4 x 2048 new tokens and a RAG chunk (450 tokens after a
+5,200-token cached prefix), over a bf16 or an FP8 (e4m3, per-tensor scales) paged cache. Imported by
+scripts/bench_kernels.py; run alone it is issue 23's must-show (bf16 and FP8 KV, both shapes, SDPA in the same
+run, the Hopper tile sweep):
+
+    python scripts/bench_prefill_attention.py --out prefill_h200.json [--sweep] [--commit SHA]
+
+~60 s on one H200 without the sweep, ~120 s with it (cold Triton cache: one compile per tile config and cache
+dtype)."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,9 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernel_bench_common import BF16, DEV, bench_us, contiguous_kv, paged_setup, rel_err  # noqa: E402
 
 from kernels import paged_prefill_attention  # noqa: E402
+from kernels.fp8 import FP8_MAX, dequantize_fp8_ref, quantize_fp8_ref  # noqa: E402
+from kernels.paged_prefill_attention import TILE_CONFIGS  # noqa: E402
 
-# (block_m, block_n, num_warps, num_stages)
-PREFILL_CONFIGS = ((64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 4, 3), (64, 32, 4, 3), (128, 32, 8, 3))
+PREFILL_CONFIGS = TILE_CONFIGS  # (block_m, block_n, num_warps, num_stages), the default first
+
+
+def fp8_cache(cache: torch.Tensor) -> tuple[torch.Tensor, float, torch.Tensor]:
+    """A bf16 cache as FP8 with a per-tensor scale (amax / 448): (cache8, scale, its bf16 dequantisation)."""
+    scale = float(cache.float().abs().amax()) / FP8_MAX
+    q = quantize_fp8_ref(cache, scale)
+    return q, scale, dequantize_fp8_ref(q, scale, BF16)
 
 
 def prefill_sdpa(q, k_cache, v_cache, bt, q_lens: list[int], ctx_lens: list[int], scale: float) -> dict:
@@ -55,12 +73,16 @@ def sdpa_out(outs: list[torch.Tensor]) -> torch.Tensor:  # [num_tokens, num_q_he
 
 
 def bench_prefill_case(
-    q_lens: list[int], prefixes: list[int], matmul_tflops: float, sweep: bool, gen, hq=32, hk=8, d=128, bs=16
+    q_lens: list[int], prefixes: list[int], matmul_tflops: float, sweep: bool, gen, hq=32, hk=8, d=128, bs=16,
+    kv_dtypes: tuple[str, ...] = ("bf16",),
 ) -> dict:
-    """paged_prefill_attention against SDPA on one varlen batch.
+    """paged_prefill_attention against SDPA on one varlen batch, over a bf16 cache and (kv_dtypes with "fp8")
+    the same values in FP8; SDPA (bf16, contiguous K/V) is timed once, in the same run. The FP8 accuracy
+    reference is SDPA over the dequantised cache (the kernel's error, not the quantisation's).
 
     FLOPs are SDPA-equivalent: 4 * d * heads * sum_b (q_b * prefix_b + q_b^2 / 2) (QK^T and PV over the prefix
-    and the causal half of the chunk); with no prefix it is the count of earlier results files."""
+    and the causal half of the chunk); with no prefix it is the count of earlier results files.
+    Returns the bf16 results at the top level (the keys of earlier results files) and the FP8 ones under "fp8"."""
     ctx = [ql + p for ql, p in zip(q_lens, prefixes)]
     nb = max(-(-n // bs) for n in ctx)
     k_cache, v_cache, bt = paged_setup(len(ctx), nb * bs, hk, d, bs, gen)
@@ -82,41 +104,55 @@ def bench_prefill_case(
     flops = 4 * d * hq * sum(ql * p + ql * ql / 2 for ql, p in zip(q_lens, prefixes))
     out = torch.empty_like(q)
 
-    def timed(**kw) -> dict:
-        fn = lambda: paged_prefill_attention(q, k_cache, v_cache, bt, cu, lens, scale, max_q, out=out, **kw)
+    def timed(kc, vc, reference, scales, **kw) -> dict:
+        fn = lambda: paged_prefill_attention(q, kc, vc, bt, cu, lens, scale, max_q, out=out, **scales, **kw)
         try:
             fn()
             t = bench_us(fn)
         except Exception as e:  # e.g. out of shared memory: record and go on
             return {**kw, "error": str(e)[:200]}
-        return {**kw, "us": t, "TFLOPs": flops / t / 1e6, "rel_err": rel_err(out, ref)}
+        return {**kw, "us": t, "TFLOPs": flops / t / 1e6, "pct_of_sdpa_speed": 100 * t_sdpa / t,
+                "rel_err": rel_err(out, reference)}
+
+    def run(kc, vc, reference, scales, tag: str) -> dict:
+        r = {"shape": f"q_lens {q_lens} after prefixes {prefixes}, {hq}/{hk} heads, d{d}, bs{bs}, {tag} KV",
+             "default": timed(kc, vc, reference, scales)}
+        if "us" in r["default"]:
+            r["default"]["pct_matmul_peak"] = 100 * r["default"]["TFLOPs"] / matmul_tflops
+        if sweep:
+            variants = [timed(kc, vc, reference, scales, block_m=bm, block_n=bn, num_warps=w, num_stages=st)
+                        for bm, bn, w, st in PREFILL_CONFIGS]
+            ok = [x for x in variants if "us" in x]
+            r["default_sweep"] = variants
+            r["default_sweep_best"] = min(ok, key=lambda x: x["us"]) if ok else None
+        return r
 
     res = {
-        "shape": f"q_lens {q_lens} after prefixes {prefixes}, {hq}/{hk} heads, d{d}, bs{bs}, bf16",
         "flops": flops,
         "sdpa_us": t_sdpa,
         "sdpa_TFLOPs": flops / t_sdpa / 1e6,
         "sdpa_form": sdpa_form,
         "sdpa_forms": sdpa_forms,
-        "default": timed(),
+        **run(k_cache, v_cache, ref, {}, "bf16"),
     }
-    if "us" in res["default"]:
-        res["default"]["pct_matmul_peak"] = 100 * res["default"]["TFLOPs"] / matmul_tflops
-    if sweep:
-        variants = [timed(block_m=bm, block_n=bn, num_warps=w, num_stages=st) for bm, bn, w, st in PREFILL_CONFIGS]
-        ok = [x for x in variants if "us" in x]
-        res["default_sweep"] = variants
-        res["default_sweep_best"] = min(ok, key=lambda x: x["us"]) if ok else None
+    if "fp8" in kv_dtypes:
+        k8, k_scale, k_deq = fp8_cache(k_cache)
+        v8, v_scale, v_deq = fp8_cache(v_cache)
+        ref8 = sdpa_out(prefill_sdpa(q, k_deq, v_deq, bt, q_lens, ctx, scale)[sdpa_form]())
+        res["fp8"] = {"k_scale": k_scale, "v_scale": v_scale, "rel_err_deq_vs_bf16_sdpa": rel_err(ref8, ref),
+                      **run(k8, v8, ref8, dict(k_scale=k_scale, v_scale=v_scale), "fp8 (e4m3)")}
     return res
 
 
-def bench_prefill(matmul_tflops: float, sweep: bool, gen, qlen: int = 2048) -> dict:
+def bench_prefill(matmul_tflops: float, sweep: bool, gen, qlen: int = 2048, kv_dtypes=("bf16",)) -> dict:
     """4 x 2048-token prefills (keys as in earlier results files: ours_* is the default layout) and a RAG
     step's chunk: 1 sequence, 450 new tokens after a 5,200-token cached prefix (llama-3.1-8b heads)."""
-    long = bench_prefill_case([qlen] * 4, [0] * 4, matmul_tflops, sweep, gen)
+    long = bench_prefill_case([qlen] * 4, [0] * 4, matmul_tflops, sweep, gen, kv_dtypes=kv_dtypes)
     torch.cuda.empty_cache()
-    rag = bench_prefill_case([450], [5200], matmul_tflops, sweep, gen)
-    for r in (long, rag):
+    rag = bench_prefill_case([450], [5200], matmul_tflops, sweep, gen, kv_dtypes=kv_dtypes)
+    for r in (long, rag, long.get("fp8"), rag.get("fp8")):
+        if r is None:
+            continue
         best = [r[k] for k in ("default", "default_sweep_best") if r.get(k, {})]
         ok = [x for x in best if "us" in x]
         r["fastest"] = min(ok, key=lambda x: x["us"]) if ok else None
@@ -132,3 +168,55 @@ def bench_prefill(matmul_tflops: float, sweep: bool, gen, qlen: int = 2048) -> d
         "rel_err_vs_sdpa": d.get("rel_err"),
         "rag_chunk": rag,
     }
+
+
+def summary_rows(prefill: dict) -> list[str]:
+    """One line per (shape, cache dtype): SDPA, our default and our fastest config, as % of SDPA's speed."""
+    rows = []
+    for case, sdpa in ((prefill, prefill), (prefill["rag_chunk"], prefill["rag_chunk"])):
+        for r in (case, case.get("fp8")):
+            if r is None:
+                continue
+            d, f = r.get("default") or {}, r.get("fastest") or {}
+            cfg = {k: f[k] for k in ("block_m", "block_n", "num_warps", "num_stages") if k in f} or "default"
+            if "us" not in d:
+                rows.append(f"{r['shape']}: default failed: {d.get('error')}")
+                continue
+            rows.append(
+                f"{r['shape']}: sdpa {sdpa['sdpa_us']:.0f} us ({sdpa['sdpa_TFLOPs']:.0f} TFLOP/s) | ours default "
+                f"{d['us']:.0f} us = {d['pct_of_sdpa_speed']:.1f}% of sdpa | fastest {f.get('us', float('nan')):.0f} us"
+                f" = {f.get('pct_of_sdpa_speed', float('nan')):.1f}% {cfg} | rel err {d['rel_err']:.1e}"
+            )
+    return rows
+
+
+def main() -> None:
+    from kernel_bench_common import measure_ceilings
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="path of the JSON results file")
+    ap.add_argument("--sweep", action="store_true", help="also time the tile configs of PREFILL_CONFIGS")
+    ap.add_argument("--no-fp8", action="store_true", help="bf16 KV only")
+    ap.add_argument("--commit", default=None, help="git commit (default: git rev-parse HEAD)")
+    args = ap.parse_args()
+    commit = args.commit
+    if commit is None:
+        git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+        commit = git.stdout.strip() or "unknown"
+    import triton
+
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    torch.manual_seed(0)
+    results = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+               "commit": commit, "command": " ".join(sys.argv), "ceilings": measure_ceilings()}
+    kv = ("bf16",) if args.no_fp8 else ("bf16", "fp8")
+    results["prefill"] = bench_prefill(results["ceilings"]["bf16_matmul_TFLOPs"], args.sweep, gen, kv_dtypes=kv)
+    results["summary"] = summary_rows(results["prefill"])
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print(f"{results['gpu']}  matmul {results['ceilings']['bf16_matmul_TFLOPs']:.0f} TFLOP/s  commit {commit}")
+    print("\n".join(results["summary"]))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -9,7 +9,10 @@
 #      Triton kernels; the pool-ratio test then sees the memory profile's blocks);
 #   4-6. 1,000 / 1,000 offline throughput (bench_offline.py, dummy llama-3.1-8b, ignore_eos, max_num_seqs 1024,
 #      max_num_batched_tokens 8192, --roofline: each run's bound priced in its own dtypes, the FP8 rate measured
-#      in the same run): 4 bf16 (the ratio's denominator), 5 FP8 KV, 6 FP8 KV + FP8 weights.
+#      in the same run): 4 bf16 (the ratio's denominator), 5 FP8 KV, 6 FP8 KV + FP8 weights;
+#   7. prefill attention must-show (scripts/bench_prefill_attention.py --sweep): paged_prefill_attention vs SDPA
+#      (bf16, contiguous K/V) in the same run at 4 x 2,048 new tokens and the RAG chunk (450 after a 5,200-token
+#      cached prefix), over a bf16 and an FP8 cache, with the Hopper tile sweep: ~120 s cold (24 compiles).
 # Estimate on one H200, cold Triton cache: ~60 + ~60 + ~60 s for steps 1-3, then ~60 s start-up + 80-110 s
 # per offline run: about 11 min in all, more than one 10-minute call. Run STEPS=1,2,3 (~3 min), then
 # STEPS=4,5 (~6 min), then STEPS=6 (~3 min), on one warm machine.
@@ -21,7 +24,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$(pwd):${PYTHONPATH:-}"
 PY=${PYTHON:-python3}
 COMMIT=${GIT_COMMIT:-unknown}
 export GIT_COMMIT=$COMMIT
-STEPS=${STEPS:-1,2,3,4,5,6}
+STEPS=${STEPS:-1,2,3,4,5,6,7}
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
 step() { echo "== $1 ($(date +%T))"; }
 started=$(date +%s)
@@ -60,4 +63,10 @@ offline() {  # name, extra flags...
 want 4 && offline bf16
 want 5 && offline fp8kv --kv-cache-dtype fp8
 want 6 && offline fp8 --kv-cache-dtype fp8 --quantization fp8
+if want 7; then
+  step "prefill attention vs SDPA, bf16 and FP8 KV, tile sweep (4 x 2048; 450 after 5200)"
+  timeout 300 $PY scripts/bench_prefill_attention.py --sweep --commit "$COMMIT" \
+    --out "$OUT/prefill_attention_h200_${COMMIT}.json" > "$OUT/prefill_attention_${COMMIT}.log" 2>&1
+  tail -8 "$OUT/prefill_attention_${COMMIT}.log"
+fi
 echo "== done in $(( $(date +%s) - started )) s"

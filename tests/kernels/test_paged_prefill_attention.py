@@ -2,7 +2,8 @@ import pytest
 import torch
 from _util import assert_rel_close, make_paged_kv, poisoned, rel_tol
 
-from kernels.paged_prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
+from kernels.fp8 import dequantize_fp8_ref, quantize_fp8_ref
+from kernels.paged_prefill_attention import TILE_CONFIGS, paged_prefill_attention, paged_prefill_attention_ref
 
 # (q_lens, cached prefix lens, num_q_heads, num_kv_heads, head_dim, block_size, block_m, block_n)
 CASES = [
@@ -32,6 +33,26 @@ def _run_case(device, dtype, q_lens, prefixes, hq, hk, d, bs, block_m, block_n, 
 def test_prefill_matches_reference(device, q_lens, prefixes, hq, hk, d, bs, block_m, block_n):
     gen = torch.Generator().manual_seed(sum(q_lens) * 131 + hq)
     _run_case(device, torch.float32, q_lens, prefixes, hq, hk, d, bs, block_m, block_n, gen)
+
+
+@pytest.mark.parametrize("block_m,block_n", sorted({(bm, bn) for bm, bn, _, _ in TILE_CONFIGS}))
+def test_every_swept_tile_shape_matches_reference(device, block_m, block_n):
+    """The bench's tile shapes (TILE_CONFIGS) on sequences longer than a 128-row tile, with and without a
+    cached prefix that is not a multiple of any tile, over an FP8 cache: the H200 sweep times only correct
+    configurations. (num_warps / num_stages do not change the result; the interpreter ignores them.)"""
+    gen = torch.Generator().manual_seed(block_m + block_n)
+    q_lens, prefixes, hq, hk, d, bs = [137, 9], [0, 150], 4, 2, 32, 16
+    ctx = [q + p for q, p in zip(q_lens, prefixes)]
+    k_cache, v_cache, bt, lens = make_paged_kv(ctx, hk, d, bs, torch.float32, device, gen=gen)
+    k8, v8 = quantize_fp8_ref(k_cache, 0.01), quantize_fp8_ref(v_cache, 0.02)
+    cu = torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32, device=device)
+    q = torch.randn(sum(q_lens), hq, d, generator=gen).to(device)
+    out = poisoned(q.shape, q.dtype, device)
+    paged_prefill_attention(q, k8, v8, bt, cu, lens, d**-0.5, max(q_lens), out=out, block_m=block_m,
+                            block_n=block_n, k_scale=0.01, v_scale=0.02)
+    ref = paged_prefill_attention_ref(q, dequantize_fp8_ref(k8, 0.01), dequantize_fp8_ref(v8, 0.02), bt, cu, lens,
+                                      d**-0.5)
+    assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
 
 
 def test_prefill_rejects_bad_inputs(device):
