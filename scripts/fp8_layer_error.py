@@ -11,8 +11,18 @@ the reference at the prefill and at the last decode step, and the logits at ever
 |difference|, argmax agreement). K/V scales are 1.0 (the engine's default); the reference caches' largest
 |K| and |V| per layer are recorded to show how far they sit from e4m3's 448.
 
-    # H200, dummy llama-3.1-8b (bf16, Triton kernels, torch._scaled_mm), ~60 s:
+Baselines, to tell rounding amplified by the network from a bug (a random-weight model amplifies any rounding
+through its 32 layers): `bf16_vs_fp32` is the model-dtype run against the same weights in fp32 (fp32 KV; only
+when the model dtype is not fp32), i.e. the error bf16 itself makes; every variant is also compared with that
+fp32 run (`vs_fp32`; on CUDA the Triton attention kernels' fp32 dots run in tf32, unit roundoff 2^-11, still 8x
+finer than bf16). `fp8_kv_calibrated` is FP8 KV with per-layer scales amax / 448 from the reference caches
+(the whole e4m3 range used), which says whether the default scale 1.0 costs precision. e4m3 keeps 3 fraction
+bits (unit roundoff 2^-4), bf16 7 (2^-8): rounding K/V alone to e4m3 should cost at most ~16x what rounding
+every tensor to bf16 costs if the network amplifies both alike.
+
+    # H200, dummy llama-3.1-8b (bf16, Triton kernels, torch._scaled_mm), ~90 s (+32 GB for the fp32 copy):
     python scripts/fp8_layer_error.py --model llama-3.1-8b --load-format dummy --out OUT.json
+    # CPU smoke of the baselines: --model DIR --load-format dummy --dtype bfloat16 --num-seqs 2 --prompt-len 64
     # CPU, the default model's real weights on real text (fp32, torch backend; _scaled_mm runs on the CPU), ~2 min:
     python scripts/fp8_layer_error.py --num-seqs 2 --prompt-len 256 --text README.md --out OUT.json
 """
@@ -20,6 +30,7 @@ the reference at the prefill and at the last decode step, and the logits at ever
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -131,10 +142,39 @@ def main() -> None:
     reference, ref_caches = run_variant(runner, schedule, runner.dtype, num_blocks)
     amax = [[float(c[0].abs().max()), float(c[1].abs().max())] for c in ref_caches]
     del ref_caches
-    variants = {"fp8_kv": compare(run_variant(runner, schedule, FP8_DTYPE, num_blocks)[0], reference)}
+    fp32 = None
+    if runner.dtype != torch.float32:  # the same weights in fp32 (bf16 values are exact in fp32), fp32 KV
+        model = runner.model
+        runner.model = copy.deepcopy(model).float()
+        for module in runner.model.modules():
+            if hasattr(module, "cos_sin_cache"):
+                module.cos_sin_cache = module.cos_sin_cache.float()
+        try:
+            fp32 = run_variant(runner, schedule, torch.float32, num_blocks)[0]
+        finally:
+            runner.model = model  # the fp32 copy is freed here
+            if runner.device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    def measured(results) -> dict:
+        out = compare(results, reference)
+        if fp32 is not None:
+            out["vs_fp32"] = compare(results, fp32)
+        return out
+
+    variants = {}
+    if fp32 is not None:
+        variants["bf16_vs_fp32"] = compare(reference, fp32)
+    variants["fp8_kv"] = measured(run_variant(runner, schedule, FP8_DTYPE, num_blocks)[0])
+    attn = [layer.self_attn for layer in runner.model.model.layers]
+    for layer, (k_amax, v_amax) in zip(attn, amax):
+        layer.k_scale, layer.v_scale = max(k_amax, 1e-6) / 448.0, max(v_amax, 1e-6) / 448.0
+    variants["fp8_kv_calibrated"] = measured(run_variant(runner, schedule, FP8_DTYPE, num_blocks)[0])
+    for layer in attn:
+        layer.k_scale = layer.v_scale = 1.0
     quantize_linear_layers(runner.model)
-    variants["fp8_weights"] = compare(run_variant(runner, schedule, runner.dtype, num_blocks)[0], reference)
-    variants["fp8_weights_and_kv"] = compare(run_variant(runner, schedule, FP8_DTYPE, num_blocks)[0], reference)
+    variants["fp8_weights"] = measured(run_variant(runner, schedule, runner.dtype, num_blocks)[0])
+    variants["fp8_weights_and_kv"] = measured(run_variant(runner, schedule, FP8_DTYPE, num_blocks)[0])
     results = {"benchmark": "fp8_layer_error", **environment(), "command": " ".join(sys.argv),
                "model": source.name, "dtype": runner.dtype_name, "device": str(runner.device),
                "backend": type(runner.backend).__name__, "kv_scales": 1.0,
@@ -144,10 +184,17 @@ def main() -> None:
                "elapsed_s": time.perf_counter() - started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
+    base = variants.get("bf16_vs_fp32")
     for name, v in variants.items():
+        extra = ""
+        if base is not None and name != "bf16_vs_fp32":
+            extra = (f" | vs fp32 {v['vs_fp32']['max_logits_rel_l2']:.4f} = "
+                     f"{v['max_logits_rel_l2'] / base['max_logits_rel_l2']:.1f}x bf16's own; layer 0 "
+                     f"{v['layer_rel_l2_prefill'][0] / base['layer_rel_l2_prefill'][0]:.1f}x")
         print(f"{name:20s} logits rel L2 <= {v['max_logits_rel_l2']:.4f}, argmax agreement "
-              f"{100 * v['mean_argmax_agreement']:.1f}%, last layer rel L2 prefill "
-              f"{v['layer_rel_l2_prefill'][-1]:.4f} / last decode {v['layer_rel_l2_last_decode'][-1]:.4f}")
+              f"{100 * v['mean_argmax_agreement']:.1f}%, layer 0 / last rel L2 prefill "
+              f"{v['layer_rel_l2_prefill'][0]:.4f} / {v['layer_rel_l2_prefill'][-1]:.4f}, last decode "
+              f"{v['layer_rel_l2_last_decode'][-1]:.4f}{extra}")
     print(f"K/V amax over layers: {max(a for a, _ in amax):.2f} / {max(b for _, b in amax):.2f}; wrote {args.out}")
 
 
