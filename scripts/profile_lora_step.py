@@ -15,6 +15,8 @@ set aside, every step through the model's forward):
     prefill tokens and sequences, distinct adapters, the CUDA graph it replayed (with or without the LoRA
     layers) or why it ran eagerly;
   - the time `generate` spends before its first step (validation, adapter checks, add_request);
+  - the same at batch 1 (`batch1`: one request of --itl-tokens, on adapter 0 for the LoRA engine; its
+    decode window is steps 9-24), the shape of bench_lora's ITL;
   - torch.profiler (CUDA activity) over two windows: every prefill step (the run's start up to the first
     decode-only step) and --decode-window steady-state decode steps (from the --decode-skip'th decode-only
     step on): kernels top-25 by CUDA time with counts, per step; the LoRA kernels' share (SGMV / BGMV
@@ -374,6 +376,18 @@ def run_mode(llm, prompts, params, loras, *, sync, activity, device, skip, windo
         runner.graph_runner = saved
 
 
+def print_line(name: str, mode: str, result: dict) -> None:
+    d, f = result["per_step"]["decode"], result["per_step"]["prefill"]
+    dw = result["windows"].get("decode", {})
+    print(f"{name:5s} {mode:9s} {result['seconds']:7.3f} s {result['output_tok_s']:9.1f} tok/s | decode wall "
+          f"{d['wall'].get('median_ms')} ms span {d['gpu_span_of_launched'].get('median_ms')} ms | prefill wall "
+          f"{f['wall'].get('median_ms')} ms | decode window: kernels {dw.get('total_ms_per_step')} ms/step, LoRA "
+          f"{dw.get('lora_ms_per_step')} ms ({dw.get('lora_launches_per_step')} launches), GPU idle "
+          f"{dw.get('idle_share')} | graph {result['graph_steps']} eager {result['eager_steps']} "
+          f"{result['eager_reasons']} | slot loads {result['slot_loads']} | pre-step {result['pre_step_s']} s",
+          flush=True)
+
+
 def runner_stats(llm) -> dict:
     r = llm.engine.runner
     return {"capture_seconds": round(r.capture_seconds, 1), "num_cuda_graphs": r.num_cuda_graphs,
@@ -408,6 +422,8 @@ def main() -> None:
     p.add_argument("--lora-slot-stream", action="store_true")
     p.add_argument("--decode-skip", type=int, default=32, help="decode-only steps before the decode window")
     p.add_argument("--decode-window", type=int, default=16, help="decode-only steps profiled")
+    p.add_argument("--itl-tokens", type=int, default=32, help="output tokens of the batch-1 run (its decode "
+                   "window: steps 9-24)")
     p.add_argument("--engines", nargs="+", default=["base", "lora"], choices=["base", "lora"])
     p.add_argument("--modes", nargs="+", default=["graphs", "eager"], choices=["graphs", "eager"])
     p.add_argument("--out", type=Path, required=True)
@@ -464,17 +480,14 @@ def main() -> None:
         for mode in args.modes:
             result = run_mode(llm, prompts, params, loras, sync=sync, activity=activity, device=device,
                               skip=args.decode_skip, window=args.decode_window, eager=mode == "eager")
+            # batch 1 (bench_lora's ITL shape): one request, on one adapter for the LoRA engine
+            one = SamplingParams(temperature=0.0, max_tokens=args.itl_tokens, ignore_eos=True)
+            result["batch1"] = run_mode(llm, prompts[:1], one, None if loras is None else loras[:1], sync=sync,
+                                        activity=activity, device=device, skip=8, window=16, eager=mode == "eager")
             entry["modes"][mode] = result
             save()
-            d, f = result["per_step"]["decode"], result["per_step"]["prefill"]
-            dw = result["windows"].get("decode", {})
-            print(f"{name:5s} {mode:6s} {result['seconds']:7.3f} s {result['output_tok_s']:9.1f} tok/s | decode "
-                  f"wall {d['wall'].get('median_ms')} ms span {d['gpu_span_of_launched'].get('median_ms')} ms | "
-                  f"prefill wall {f['wall'].get('median_ms')} ms | decode window: kernels "
-                  f"{dw.get('total_ms_per_step')} ms/step, LoRA {dw.get('lora_ms_per_step')} ms "
-                  f"({dw.get('lora_launches_per_step')} launches), GPU idle {dw.get('idle_share')} | graph "
-                  f"{result['graph_steps']} eager {result['eager_steps']} {result['eager_reasons']} | slot loads "
-                  f"{result['slot_loads']} | pre-step {result['pre_step_s']} s", flush=True)
+            print_line(name, mode, result)
+            print_line(name, mode + "-b1", result["batch1"])
         del llm
         gc.collect()
         if cuda:
