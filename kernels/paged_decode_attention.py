@@ -1,12 +1,13 @@
 """Paged decode attention: one new query token per sequence against its paged KV cache.
 
 Split-K "flash-decoding": each program handles one (sequence, kv head, split) and all the query heads
-that share that kv head (GQA), so every K/V byte is read from memory once. With more than one split, a
-second kernel merges the per-split partial outputs through their log-sum-exp, one program per (sequence,
-query head, 32 of head_dim). At small batch and long context (batch 1-4 x 8 kv heads at 16k-128k tokens on
-132 SMs) the heuristic splits into about 8 programs per SM (`choose_num_splits`). The grid depends only on
-shapes and python ints, so the launcher is safe to capture in a CUDA graph. An FP8 (e4m3) cache is read with
-per-tensor `k_scale` / `v_scale` (kernels/fp8.py).
+that share that kv head (GQA), so every K/V byte is read from memory once. With more than one split, the
+per-split partial outputs are merged through their log-sum-exp either by the split kernel's own last
+program per (sequence, kv head) (the default: one launch, kernels/split_k_finish.py) or by a second kernel,
+one program per (sequence, query head, 32 of head_dim). At small batch and long context (batch 1-4 x 8 kv
+heads at 16k-128k tokens on 132 SMs) the heuristic splits into about 8 programs per SM
+(`choose_num_splits`). The grid depends only on shapes and python ints, so the launcher is safe to capture
+in a CUDA graph. An FP8 (e4m3) cache is read with per-tensor `k_scale` / `v_scale` (kernels/fp8.py).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from kernels._checks import (
     check_shape,
     check_tensor,
     device_num_sms,
+    is_power_of_two,
 )
 from kernels._jit import serving_jit
 from kernels.fp8 import KV_CACHE_DTYPES, check_scale, read_cache
+from kernels.split_k_finish import COUNTER_SLOTS, last_split_merges, split_counters
 
 
 def gather_paged_kv(
@@ -99,11 +102,12 @@ def attend_paged_kv(
 @serving_jit(ints=("num_splits", "stride_bts"))
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr, counters_ptr,
     scale, v_scale, num_splits,
     stride_qs, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_os, stride_oh,
     QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT_OUT: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr, Q_PAD: tl.constexpr, REDUCE_TILE: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -143,6 +147,14 @@ def _decode_split_kernel(
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=g_mask[:, None])
         lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + row, lse, mask=g_mask)
+        if FUSED_REDUCE:  # the last split program of this (sequence, kv head) merges all of them
+            first_head = kv_head * QUERIES_PER_KV
+            last_split_merges(
+                counters_ptr + seq * tl.num_programs(1) + kv_head, part_out_ptr, part_lse_ptr,
+                out_ptr + seq * stride_os + first_head * stride_oh,
+                (seq * (QUERIES_PER_KV * tl.num_programs(1)) + first_head) * num_splits, num_splits, stride_oh,
+                QUERIES_PER_KV, Q_PAD, HEAD_DIM, REDUCE_TILE,
+            )  # fmt: skip
 
 
 @serving_jit(ints=("num_splits",))
@@ -201,6 +213,10 @@ MAX_SPLITS = 256
 # the kernel (32 splits at batch 1, 16k tokens, read KV at 31% of copy bandwidth, KERNEL_NOTES.md run 2).
 SMALL_BATCH_PROGRAMS_PER_SM = 8
 MIN_SPLIT_TOKENS = 128  # two BLOCK_N tiles
+# Merge the splits in the split kernel (its last program per sequence and kv head) rather than in a second
+# kernel: one launch instead of two, no kernel boundary between them (issue 21: batch 1 at 16k paid ~10 us
+# of fixed cost per call with two).
+FUSE_REDUCE = True
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int = 132,
@@ -239,6 +255,9 @@ def paged_decode_attention(
     num_stages: int = 3,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fuse_reduce: bool | None = None,
+    reduce_tile: int = 32,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_q_heads, head_dim], q.dtype
     """Attention of one query token per sequence over `context_lens[s]` cached tokens (tokens 0..n-1).
 
@@ -247,7 +266,13 @@ def paged_decode_attention(
     of two >= 16 and block_size a power of two >= 1. `scale` multiplies q.k (usually head_dim ** -0.5). `num_splits`
     overrides the split-K heuristic, which uses `max_context_len` (tokens, a python int; default
     max_blocks_per_seq * block_size). No host syncs: safe under CUDA graph capture.
-    Raises ValueError on bad shapes, dtypes or layouts.
+
+    With more than one split, `fuse_reduce` (default FUSE_REDUCE) merges the splits inside the one launch:
+    the last program of each (sequence, kv head) reduces, `reduce_tile` splits per round of loads (a power
+    of two), counted in `counters` (int32, zeroed, >= num_seqs * num_kv_heads slots, on q's device; default
+    the device's shared buffer, kernels/split_k_finish.py: launches sharing one must not run
+    concurrently). False: a second kernel merges them (the two-kernel path, also taken past the default
+    buffer's size). Raises ValueError on bad shapes, dtypes or layouts.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES)
     check_tensor("k_cache", k_cache, 4, KV_CACHE_DTYPES, contiguous=True)
@@ -278,6 +303,9 @@ def paged_decode_attention(
     if block_n is None:
         block_n = 64 if head_dim <= 128 else 32
     direct = num_splits == 1
+    fused = not direct and _use_fused_reduce(fuse_reduce, counters, num_seqs * num_kv_heads, q.device)
+    if fused and counters is None:
+        counters = split_counters(q.device)
     if direct:
         part_out = part_lse = out  # unused by the kernel
     else:
@@ -285,15 +313,35 @@ def paged_decode_attention(
             num_seqs, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
         )
         part_lse = torch.empty(num_seqs, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    if not is_power_of_two(reduce_tile):
+        raise ValueError(f"reduce_tile must be a power of two, got {reduce_tile}")
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
+        counters if fused else context_lens,  # the latter unused
         float(scale) * k_scale, float(v_scale), num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         QUERIES_PER_KV=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT_OUT=direct,
+        FUSED_REDUCE=fused, Q_PAD=max(2, triton.next_power_of_2(group)), REDUCE_TILE=reduce_tile,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    if not direct:
+    if not direct and not fused:
         reduce_splits(part_out, part_lse, out, num_splits)
     return out
+
+
+def _use_fused_reduce(fuse_reduce: bool | None, counters: torch.Tensor | None, slots: int,
+                      device: torch.device) -> bool:
+    """Whether the split kernel merges its own splits; checks a caller's counter buffer."""
+    if fuse_reduce is None:
+        fuse_reduce = FUSE_REDUCE
+    if not fuse_reduce:
+        return False
+    if counters is None:
+        return slots <= COUNTER_SLOTS
+    check_tensor("counters", counters, 1, (torch.int32,), contiguous=True)
+    if counters.device != device or counters.numel() < slots:
+        raise ValueError(f"counters must hold >= {slots} int32 slots on {device}, got {counters.numel()} on "
+                         f"{counters.device}")
+    return True

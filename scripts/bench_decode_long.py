@@ -1,13 +1,19 @@
 """Decode attention at small batch and long context on a CUDA GPU: batch 1, 2, 4 x 16k-128k tokens (32 q / 8 kv
 heads, head_dim 128, bf16, block size 16, shuffled block tables), timed as CUDA graph replays with
-max_context_len 131,072 (what the engine's graphs pass at llama-3.1-8b's full context), with the current split
-heuristic and with the previous one (two programs per SM, at most 64 splits). Reports KV bytes read over the
-measured device-to-device copy bandwidth; issue 21's target is >= 70% at batch 1-4, 16k-128k.
+max_context_len 131,072 (what the engine's graphs pass at llama-3.1-8b's full context). Each case times the
+variants of VARIANTS in the same run: `two_kernel` (6e21304's path: split kernel, then a reduce kernel),
+`fused` (the launcher's default: the split kernel's last program per sequence and kv head merges, one
+launch) and `fused_32` (fused, at most 32 splits: one round of loads in the merge). Reports KV bytes read
+over the measured device-to-device copy bandwidth; issue 21's target is >= 70% at batch 1-4, 16k-128k.
+Every case also checks fused against two_kernel (max |diff|), and batch 1 at 16k against the torch reference.
+
+`diagnostics` (batch 1, 16k, 132 splits) place the fixed cost: the reduce kernel alone, and both paths over
+empty contexts (no KV read: launch, ramp and merge only).
 
 Usage: python scripts/bench_decode_long.py --out benchmarks/results/decode_long_h200.json [--sweep]
-(about 30 s on an H200: JIT of two kernels, 24 graph timings, one reference check at 16k). `--sweep` also
-times batch 1 at 16k and 128k over splits x BLOCK_N x pipeline stages x warps (180 graph timings, 18
-compiles; about 60 s more), to find what removes the ~14 us fixed cost per call seen at 284c523.
+(about 60 s on an H200: JIT of the variants, 36 graph timings, diagnostics). `--sweep` adds
+decode_long_sweep.py (variant x splits x reduce tile at batch 1 16k / 128k, kernel configs at 16k, splits
+at batch 2 / 4: about 110 timings and 20 compiles, about 90 s more).
 """
 
 from __future__ import annotations
@@ -30,114 +36,133 @@ from kernels.paged_decode_attention import (  # noqa: E402
     choose_num_splits,
     paged_decode_attention,
     paged_decode_attention_ref,
+    reduce_splits,
 )
 
 HQ, HK, D, BS = 32, 8, 128, 16
 MAX_MODEL_LEN = 131072
+BATCHES, CONTEXTS = (1, 2, 4), (16384, 32768, 65536, 131072)
 
 
-def previous_splits(batch: int, ctx: int) -> int:
-    return choose_num_splits(batch, HK, ctx, NUM_SMS, small_batch_programs_per_sm=2, max_splits=64)
+def heuristic_splits(batch: int) -> int:
+    return choose_num_splits(batch, HK, MAX_MODEL_LEN, NUM_SMS)
+
+
+# name -> launcher keyword arguments at a batch size
+VARIANTS = {
+    "two_kernel": lambda b: dict(num_splits=heuristic_splits(b), fuse_reduce=False),
+    "fused": lambda b: dict(num_splits=heuristic_splits(b), fuse_reduce=True),
+    "fused_32": lambda b: dict(num_splits=min(32, heuristic_splits(b)), fuse_reduce=True, reduce_tile=32),
+}
+
+
+class Case:
+    """One (batch, context) problem on the GPU, and graph timings of launcher keyword sets on it."""
+
+    def __init__(self, batch: int, ctx: int, copy_gbs: float, gen, lens_value: int | None = None):
+        self.k_cache, self.v_cache, self.bt = paged_setup(batch, ctx, HK, D, BS, gen)
+        self.lens = torch.full((batch,), ctx if lens_value is None else lens_value, dtype=torch.int32, device=DEV)
+        self.q = torch.randn(batch, HQ, D, device=DEV, dtype=BF16)
+        self.out = torch.empty_like(self.q)
+        self.nbytes = 2 * batch * ctx * HK * D * 2
+        self.copy_gbs = copy_gbs
+
+    def run(self, out=None, **kw) -> torch.Tensor:
+        return paged_decode_attention(self.q, self.k_cache, self.v_cache, self.bt, self.lens, D**-0.5,
+                                      out=self.out if out is None else out, max_context_len=MAX_MODEL_LEN, **kw)
+
+    def time(self, rep: int = 100, **kw) -> dict:
+        """Median us per call over CUDA graph replays, and % of the copy bandwidth; compile outside."""
+        self.run(**kw)
+        us = triton.testing.do_bench_cudagraph(lambda: self.run(**kw), rep=rep, return_mode="median") * 1e3
+        return {**kw, "us": us, "pct_copy_bw": 100 * self.nbytes / us / 1e3 / self.copy_gbs}
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def time_case(batch: int, ctx: int, copy_gbs: float, gen) -> dict:
+    case = Case(batch, ctx, copy_gbs, gen)
+    row = {"batch": batch, "context": ctx}
+    for name, kw in VARIANTS.items():
+        row[name] = case.time(**kw(batch))
+    two = case.run(out=torch.empty_like(case.q), **VARIANTS["two_kernel"](batch))
+    row["fused_vs_two_kernel_max_abs"] = max(
+        max_abs_diff(case.run(out=torch.empty_like(case.q), **VARIANTS[n](batch)), two) for n in ("fused", "fused_32")
+    )
+    if batch == 1 and ctx == CONTEXTS[0]:
+        ref = paged_decode_attention_ref(case.q, case.k_cache, case.v_cache, case.bt, case.lens, D**-0.5)
+        row["rel_err_vs_ref"] = {n: rel_err(case.run(out=torch.empty_like(case.q), **VARIANTS[n](1)), ref)
+                                 for n in VARIANTS}
+    return row
 
 
 def bench_decode_long(copy_gbs: float, gen) -> list[dict]:
     rows = []
-    for batch in (1, 2, 4):
-        for ctx in (16384, 32768, 65536, 131072):
+    for batch in BATCHES:
+        for ctx in CONTEXTS:
             rows.append(time_case(batch, ctx, copy_gbs, gen))
             print(json.dumps(rows[-1]), flush=True)
             torch.cuda.empty_cache()
     return rows
 
 
-def time_case(batch: int, ctx: int, copy_gbs: float, gen) -> dict:
-    k_cache, v_cache, bt = paged_setup(batch, ctx, HK, D, BS, gen)
-    lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
-    q = torch.randn(batch, HQ, D, device=DEV, dtype=BF16)
-    out = torch.empty_like(q)
-    nbytes = 2 * batch * ctx * HK * D * 2
-    row = {"batch": batch, "context": ctx}
-    for name, splits in (("current", choose_num_splits(batch, HK, MAX_MODEL_LEN, NUM_SMS)),
-                         ("previous", previous_splits(batch, MAX_MODEL_LEN))):
-        def fn(s=splits):
-            paged_decode_attention(q, k_cache, v_cache, bt, lens, D**-0.5, out=out, num_splits=s,
-                                   max_context_len=MAX_MODEL_LEN)
-
-        fn()  # compile outside the graph
-        us = triton.testing.do_bench_cudagraph(fn, rep=100) * 1e3
-        row[name] = {"num_splits": splits, "us": us, "pct_copy_bw": 100 * nbytes / us / 1e3 / copy_gbs}
-    if batch == 1 and ctx == 16384:
-        paged_decode_attention(q, k_cache, v_cache, bt, lens, D**-0.5, out=out, max_context_len=MAX_MODEL_LEN)
-        ref = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens, D**-0.5)
-        row["rel_err_vs_ref"] = rel_err(out, ref)
-    return row
-
-
-SWEEP_SPLITS = (16, 33, 66, 132, 256)
-SWEEP_CONFIGS = [(bn, st, w) for bn in (32, 64, 128) for st in (2, 3, 4) for w in (4, 8)]
-
-
-def sweep(copy_gbs: float, gen) -> list[dict]:
-    rows = []
-    for ctx in (16384, 131072):
-        found = sweep_context(ctx, copy_gbs, gen)
-        ok = [r for r in found if "us" in r]
-        if ok:
-            print(f"sweep best at {ctx}: {json.dumps(min(ok, key=lambda r: r['us']))}", flush=True)
-        rows.extend(found)
-        torch.cuda.empty_cache()
-    return rows
-
-
-def sweep_context(ctx: int, copy_gbs: float, gen) -> list[dict]:
-    k_cache, v_cache, bt = paged_setup(1, ctx, HK, D, BS, gen)
-    lens = torch.full((1,), ctx, dtype=torch.int32, device=DEV)
-    q = torch.randn(1, HQ, D, device=DEV, dtype=BF16)
-    out = torch.empty_like(q)
-    nbytes = 2 * ctx * HK * D * 2
-
-    def fn(**kw):
-        paged_decode_attention(q, k_cache, v_cache, bt, lens, D**-0.5, out=out, max_context_len=MAX_MODEL_LEN, **kw)
-
-    rows = []
-    for block_n, stages, warps in SWEEP_CONFIGS:
-        for splits in SWEEP_SPLITS:
-            kw = dict(num_splits=splits, block_n=block_n, num_stages=stages, num_warps=warps)
-            row = {"batch": 1, "context": ctx, **kw}
-            try:
-                fn(**kw)
-                us = triton.testing.do_bench_cudagraph(lambda kw=kw: fn(**kw), rep=40) * 1e3
-                row.update(us=us, pct_copy_bw=100 * nbytes / us / 1e3 / copy_gbs)
-            except Exception as e:  # e.g. out of shared memory: record and go on
-                row["error"] = str(e)[:200]
-            rows.append(row)
-    return rows
+def diagnostics(copy_gbs: float, gen) -> dict:
+    """Batch 1 at 16k, 132 splits: the reduce kernel alone, and both paths over empty contexts."""
+    splits = heuristic_splits(1)
+    part_out = torch.zeros(1, HQ, splits, D, device=DEV, dtype=torch.float32)
+    part_lse = torch.zeros(1, HQ, splits, device=DEV, dtype=torch.float32)
+    out = torch.empty(1, HQ, D, device=DEV, dtype=BF16)
+    reduce_splits(part_out, part_lse, out, splits)
+    res = {"num_splits": splits, "reduce_kernel_alone_us": triton.testing.do_bench_cudagraph(
+        lambda: reduce_splits(part_out, part_lse, out, splits), rep=50, return_mode="median") * 1e3}
+    empty = Case(1, CONTEXTS[0], copy_gbs, gen, lens_value=0)
+    for name in ("two_kernel", "fused"):
+        res[f"{name}_empty_context_us"] = empty.time(rep=50, **VARIANTS[name](1))["us"]
+    return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="path of the JSON results file")
-    ap.add_argument("--sweep", action="store_true", help="also sweep splits and kernel configs at batch 1")
+    ap.add_argument("--sweep", action="store_true", help="also sweep variants, splits and kernel configs")
     args = ap.parse_args()
     commit = os.environ.get("GIT_COMMIT") or subprocess.run(  # the device copy has no .git
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     gen = torch.Generator(device=DEV).manual_seed(0)
     torch.manual_seed(0)
     ceilings = measure_ceilings()
+    copy_gbs = ceilings["copy_GBps"]
     results = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-               "commit": commit or "unknown", "command": "python scripts/bench_decode_long.py --out " + args.out,
+               "commit": commit or "unknown",
+               "command": "python scripts/bench_decode_long.py --out " + args.out + (" --sweep" if args.sweep else ""),
                "shapes": {"num_q_heads": HQ, "num_kv_heads": HK, "head_dim": D, "block_size": BS, "dtype": "bf16",
                           "max_context_len": MAX_MODEL_LEN, "timing": "do_bench_cudagraph median, rep 100 ms"},
-               "ceilings": ceilings, "decode_long": bench_decode_long(ceilings["copy_GBps"], gen)}
+               "ceilings": ceilings, "decode_long": bench_decode_long(copy_gbs, gen),
+               "diagnostics": diagnostics(copy_gbs, gen)}
+    print(json.dumps(results["diagnostics"]), flush=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))  # kept if the sweep runs out of time
     if args.sweep:
-        results["sweep"] = sweep(ceilings["copy_GBps"], gen)
-    Path(args.out).write_text(json.dumps(results, indent=1))
-    print(f"\n{results['gpu']}  copy {ceilings['copy_GBps']:.0f} GB/s")
-    print("batch | context | current splits, us, % bw | previous splits, us, % bw")
+        from decode_long_sweep import summarise, sweep
+
+        results["sweep"] = sweep(copy_gbs, gen)
+        results["sweep_best"] = summarise(results["sweep"])
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    print_summary(results)
+
+
+def print_summary(results: dict) -> None:
+    print(f"\n{results['gpu']}  copy {results['ceilings']['copy_GBps']:.0f} GB/s")
+    print("batch | context | " + " | ".join(f"{n}: splits, us, % bw" for n in VARIANTS) + " | max|diff|")
     for r in results["decode_long"]:
-        c, p = r["current"], r["previous"]
-        print(f"{r['batch']:>5} | {r['context']:>7} | {c['num_splits']:>4} {c['us']:8.1f} {c['pct_copy_bw']:5.1f}"
-              f" | {p['num_splits']:>4} {p['us']:8.1f} {p['pct_copy_bw']:5.1f}")
+        cells = [f"{r[n]['num_splits']:>4} {r[n]['us']:7.1f} {r[n]['pct_copy_bw']:5.1f}" for n in VARIANTS]
+        diff = r["fused_vs_two_kernel_max_abs"]
+        print(f"{r['batch']:>5} | {r['context']:>7} | " + " | ".join(cells) + f" | {diff:.1e}")
+    print("diagnostics:", json.dumps({k: round(v, 2) if isinstance(v, float) else v
+                                      for k, v in results["diagnostics"].items()}))
+    for key, best in results.get("sweep_best", {}).items():
+        print(f"sweep best {key}: {json.dumps(best)}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,65 @@ def test_decode_matches_reference(device, context_lens, hq, hk, d, bs, splits):
     assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
 
 
+# (context_lens, num_q_heads, num_kv_heads, num_splits, reduce_tile): the two merge paths and the fused
+# merge's rounds of loads (splits > reduce_tile), GQA 3 (a padded head row), empty splits and contexts.
+MERGE_CASES = [
+    ([100, 17], 8, 2, 3, 32),
+    ([47, 0, 96], 9, 3, 7, 2),  # 4 rounds of 2 splits; an empty context gives zeros
+    ([700, 1], 8, 2, 130, 16),  # 9 rounds, most splits empty
+    ([90], 2, 2, 4, 4),  # GQA 1 (a padded head row)
+]
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("context_lens,hq,hk,splits,tile", MERGE_CASES)
+def test_fused_and_two_kernel_merges_match_reference(device, fuse, context_lens, hq, hk, splits, tile):
+    gen = torch.Generator().manual_seed(len(context_lens) * 31 + splits)
+    k_cache, v_cache, bt, lens = make_paged_kv(context_lens, hk, 64, 16, torch.float32, device, gen=gen)
+    q = torch.randn(len(context_lens), hq, 64, generator=gen).to(device)
+    counters = torch.zeros(len(context_lens) * hk + 5, dtype=torch.int32, device=device)
+    out = poisoned(q.shape, q.dtype, device)
+    paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.125, out=out, num_splits=splits,
+                           fuse_reduce=fuse, reduce_tile=tile, counters=counters)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens, 0.125)
+    ref = torch.where(lens[:, None, None] > 0, ref, 0.0)  # the reference's softmax over no tokens is NaN
+    assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
+    # The fused merge hands the counters back at zero (what the next launch or graph replay needs), and the
+    # two-kernel path never touches them.
+    assert counters.tolist() == [0] * counters.numel()
+
+
+def test_fused_merge_counts_every_split(device):
+    """A counter left at 1 makes the second-to-last program merge (one partial missing, the output off) and
+    the buffer comes back non-zero: the reset at the end of each launch is what keeps replays right."""
+    k_cache, v_cache, bt, lens = make_paged_kv([300], 1, 32, 16, torch.float32, device)
+    q = torch.randn(1, 2, 32, device=device)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens, 0.2)
+    counters = torch.zeros(1, dtype=torch.int32, device=device)
+    for _ in range(2):  # twice on one buffer: a launch leaves it ready for the next
+        out = paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.2, num_splits=5, counters=counters)
+        assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
+    counters.fill_(1)
+    q2 = torch.randn_like(q)  # a new query: a partial left over from the calls above would be wrong for it
+    out = paged_decode_attention(q2, k_cache, v_cache, bt, lens, 0.2, num_splits=5, counters=counters)
+    assert counters.item() == 1
+    ref2 = paged_decode_attention_ref(q2, k_cache, v_cache, bt, lens, 0.2)
+    assert not torch.allclose(out, ref2, rtol=1e-3, atol=1e-3)
+
+
+def test_fused_merge_rejects_bad_counters(device):
+    k_cache, v_cache, bt, lens = make_paged_kv([40, 9], 2, 32, 16, torch.float32, device)
+    q = torch.randn(2, 4, 32, device=device)
+    with pytest.raises(ValueError, match="counters must hold >= 4"):
+        paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.1, num_splits=2,
+                               counters=torch.zeros(3, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="counters must have dtype"):
+        paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.1, num_splits=2,
+                               counters=torch.zeros(4, dtype=torch.int64, device=device))
+    with pytest.raises(ValueError, match="reduce_tile"):
+        paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.1, num_splits=2, reduce_tile=24)
+
+
 def test_decode_fp16_strided_q(device):
     gen = torch.Generator().manual_seed(7)
     k_cache, v_cache, bt, lens = make_paged_kv([40, 9], 2, 64, 16, torch.float16, device, gen=gen)
@@ -105,20 +164,36 @@ def test_decode_bf16_real_shapes(hq, hk, bs, splits):
 
 
 @pytest.mark.gpu
-def test_decode_cuda_graph_replay():
+@pytest.mark.parametrize("fuse", [True, False])
+def test_decode_cuda_graph_replay(fuse):
+    """Captured once, replayed with new queries and lengths: equal to the reference each time (the fused
+    merge's counters come back to zero inside the graph, no host reset)."""
     lens = [700, 3, 2049, 128]
     k_cache, v_cache, bt, lens_t = make_paged_kv(lens, 8, 128, 16, torch.bfloat16, "cuda")
     q = torch.randn(4, 32, 128, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(q)
     max_len = bt.shape[1] * 16
-    paged_decode_attention(
-        q, k_cache, v_cache, bt, lens_t, 0.088, out=out, max_context_len=max_len
-    )  # compile
+    kw = dict(out=out, max_context_len=max_len, fuse_reduce=fuse)
+    paged_decode_attention(q, k_cache, v_cache, bt, lens_t, 0.088, **kw)  # compile
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        paged_decode_attention(q, k_cache, v_cache, bt, lens_t, 0.088, out=out, max_context_len=max_len)
-    q.copy_(torch.randn_like(q))
-    lens_t.copy_(torch.tensor([701, 4, 2050, 129], dtype=torch.int32))
-    graph.replay()
-    ref = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens_t, 0.088)
-    assert_rel_close(out, ref, rel_tol(torch.bfloat16, "cuda"))
+        paged_decode_attention(q, k_cache, v_cache, bt, lens_t, 0.088, **kw)
+    for step in range(3):
+        q.copy_(torch.randn_like(q))
+        lens_t.copy_(torch.tensor([701 + step, 4, 2050, 129 + 500 * step], dtype=torch.int32))
+        graph.replay()
+        ref = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens_t, 0.088)
+        assert_rel_close(out, ref, rel_tol(torch.bfloat16, "cuda"))
+
+
+@pytest.mark.gpu
+def test_fused_merge_many_launches_bf16():
+    """Batch 1 x 8 kv heads at 16k tokens, 132 splits, 50 back-to-back fused launches without a sync: every
+    output equals the two-kernel path's (a missed ticket or a stale partial would show)."""
+    k_cache, v_cache, bt, lens = make_paged_kv([16384], 8, 128, 16, torch.bfloat16, "cuda")
+    q = torch.randn(50, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    ref = [paged_decode_attention(q[i], k_cache, v_cache, bt, lens, 0.088, num_splits=132, fuse_reduce=False)
+           for i in range(50)]
+    outs = [paged_decode_attention(q[i], k_cache, v_cache, bt, lens, 0.088, num_splits=132) for i in range(50)]
+    for o, r in zip(outs, ref):
+        assert_rel_close(o, r, 1e-3)
