@@ -74,7 +74,8 @@ def runner_stats(llm) -> dict:
     r = llm.engine.runner
     return {"capture_seconds": round(r.capture_seconds, 1), "num_cuda_graphs": r.num_cuda_graphs,
             "graph_steps": r.graph_steps, "mixed_graph_steps": r.mixed_graph_steps,
-            "base_only_graph_steps": r.base_only_graph_steps, "compile_seconds": round(r.compile_seconds, 1),
+            "base_only_graph_steps": r.base_only_graph_steps,
+            "attention_lora_graph_steps": r.attention_lora_graph_steps, "compile_seconds": round(r.compile_seconds, 1),
             "load_seconds": round(r.load_seconds, 1)}
 
 

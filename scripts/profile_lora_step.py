@@ -254,7 +254,8 @@ class StepProbe:
             if key is None:
                 entry["eager_reason"] = graph_miss_reason(self.graph_runner, meta, num_tokens)
             else:
-                entry["graph_variant"] = "lora" if key[3] else ("base_only" if self.lora is not None else "base")
+                entry["graph_variant"] = {0: "base_only" if self.lora is not None else "base", 1: "lora_all",
+                                          2: "lora_attention"}.get(int(key[3]), str(key[3]))
         self._launch_ids[id(launched)] = entry["index"]
         self.launched.append(entry)
         if self._open is not None:

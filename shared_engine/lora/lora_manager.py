@@ -67,6 +67,9 @@ class LoRAManager:
         self._slots: list[str | None] = [None] * config.max_loras  # slot → cache_key
         self._slot_names: list[str | None] = [None] * config.max_loras  # slot → adapter name
         self._slot_lru: OrderedDict[str, int] = OrderedDict()  # cache_key → slot, LRU first
+        # PEFT module → its projection's group (layers/lora.py), and each slot's groups (what its adapter targets)
+        self._module_group = {m: proj.group for m, (proj, _) in model.lora_targets(0).items()}
+        self._slot_groups: list[frozenset[str]] = [frozenset()] * config.max_loras
         self.num_slot_loads = 0
         self.num_disk_loads = 0  # adapters read from disk into the CPU cache
         if stream_ops is None and config.lora_slot_stream and self.device.type == "cuda":
@@ -141,7 +144,8 @@ class LoRAManager:
 
     # ---- GPU slots -----------------------------------------------------------------------------------
     def prepare(self, out: SchedulerOutput) -> np.ndarray:
-        """Load the step's adapters into slots, set `ctx.active` (the step has adapter tokens) and return
+        """Load the step's adapters into slots, set `ctx.active` (the step has adapter tokens) and
+        `ctx.groups` (the projection groups its adapters target: the others run no LoRA), and return
         the token → slot map, [num_tokens] int32 on the host (-1: base model), in the order of
         `out.scheduled` (decodes first), as the input builder lays tokens out.
 
@@ -155,6 +159,7 @@ class LoRAManager:
         pinned = step_keys | {key[1] for key in out.running_loras}
         slot_of = {key: self._slot_for(key, pinned) for key in step_keys}
         self._step_slots = set(slot_of.values())
+        self.ctx.groups = frozenset().union(*(self._slot_groups[slot] for slot in self._step_slots))
         if self.streams is not None:
             self.streams.before_step(self._step_slots)
         row_slots = np.array([-1 if k is None else slot_of[k] for k in row_keys], dtype=np.int32)
@@ -183,6 +188,7 @@ class LoRAManager:
         else:
             self.streams.write(slot, lambda: self._write_slot(slot, image))
         self._slots[slot], self._slot_names[slot] = key, image.name
+        self._slot_groups[slot] = frozenset(self._module_group[module] for _, module in image.parts)
         self._slot_lru[key] = slot
         return slot
 

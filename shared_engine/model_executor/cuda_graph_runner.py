@@ -42,7 +42,9 @@ True)`), reading the context's fixed slot buffers, which the model runner fills 
 layout (`pad_rows`: padding rows slot -1, so they add nothing). Decode graphs are also captured without
 them (`(D, 0, cascade, False)`): a decode step with no adapter token replays that one, at the base model's
 cost. Any step may replay a graph with the layers (a step without adapters then adds exact zeros), so a
-missing base-only variant costs time, never correctness. Without LoRA every key ends in False.
+missing base-only variant costs time, never correctness. Decode graphs also get an attention-only LoRA
+variant (`(D, 0, cascade, LORA_ATTENTION)`, layers/lora.py: the q/k/v and o LoRA, no MLP launches), which a
+decode step whose adapters target only attention projections replays. Without LoRA every key ends in False.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import torch
 
 from shared_engine.model_executor.attention.cascade import CASCADE_MIN_DECODES
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
+from shared_engine.model_executor.layers.lora import LORA_ALL, LORA_ATTENTION, LORA_NONE
 
 # Prefill-token buckets for mixed graphs; beyond the largest a step is compute-bound and runs eagerly.
 PREFILL_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
@@ -125,7 +128,7 @@ class CudaGraphRunner:
             tokens = _num_tokens(key)
             args = (self.input_ids[:tokens], self.positions[:tokens], kv_caches, meta, backend)
             if lora_ctx is not None:
-                lora_ctx.active = key[3]
+                lora_ctx.use_variant(key[3])
             model(*args)  # warm-up: Triton JIT and allocator
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
@@ -177,8 +180,9 @@ class CudaGraphRunner:
         keys += [(d, t, True) for d, t in sizes if enable_cascade and d >= CASCADE_MIN_DECODES]
         keys += [(-s, t, False) for s, t in self.varlen_sizes]
         keys = [(*k, lora) for k in keys]
-        if lora:  # base-only decode graphs: steps without adapter tokens skip the LoRA layers
-            keys += [(d, t, c, False) for d, t, c, _ in keys if t == 0]
+        if lora:  # decode graphs without the LoRA layers (no adapter token) and with attention LoRA only
+            decode = [(d, t, c) for d, t, c, _ in keys if t == 0]
+            keys += [(*k, False) for k in decode] + [(*k, LORA_ATTENTION) for k in decode]
         return keys
 
     def _meta(self, decodes: int, prefill_tokens: int, cascade: bool) -> AttentionMetadata:
@@ -217,20 +221,29 @@ class CudaGraphRunner:
             self.context_lens[decodes : decodes + self.max_prefill_seqs].fill_(0)
             self.cu_seqlens_q[decodes : decodes + self.max_prefill_seqs + 1].fill_(decodes)
 
-    def select(self, meta: AttentionMetadata, num_tokens: int, lora_active: bool = False
-               ) -> tuple[int, int, bool, bool] | None:
-        """The graph (decode bucket, prefill-token bucket, cascade, LoRA layers) this step's layout fits, or
-        None (run eagerly). A cascade step replays its bucket's cascade variant; should that be missing, the
-        plain variant, which is correct for any layout. A step with no adapter token (`lora_active` False)
-        replays the base-only variant where there is one, else the variant with the LoRA layers."""
+    def select(self, meta: AttentionMetadata, num_tokens: int, lora_active: int = False
+               ) -> tuple[int, int, bool, int] | None:
+        """The graph (decode bucket, prefill-token bucket, cascade, LoRA variant) this step's layout fits,
+        or None (run eagerly). A cascade step replays its bucket's cascade variant; should that be missing,
+        the plain variant, which is correct for any layout. `lora_active` is the LoRA variant the step needs
+        (layers/lora.py; False / True mean none / all): a step with no adapter token replays the base-only
+        variant where there is one, one whose adapters target only attention projections the
+        attention-only variant; otherwise, and where those are missing, the variant with every LoRA layer
+        (a superset: correct for any step)."""
         bucket = self._bucket(meta, num_tokens)
         if bucket is None:
             return None
-        cascade = meta.use_cascade and any((*bucket, True, lora) in self.graphs for lora in (False, True))
-        if not lora_active and (*bucket, cascade, False) in self.graphs:
-            return (*bucket, cascade, False)
-        if (*bucket, cascade, True) in self.graphs:
-            return (*bucket, cascade, True)
+        variants = (LORA_NONE, LORA_ALL, LORA_ATTENTION)
+        cascade = meta.use_cascade and any((*bucket, True, v) in self.graphs for v in variants)
+        if not lora_active:
+            order = (LORA_NONE, LORA_ATTENTION, LORA_ALL)
+        elif lora_active == LORA_ATTENTION:
+            order = (LORA_ATTENTION, LORA_ALL)
+        else:
+            order = (LORA_ALL,)
+        for variant in order:
+            if (*bucket, cascade, variant) in self.graphs:
+                return (*bucket, cascade, variant)
         return (*bucket, False, (*bucket, False, True) in self.graphs)
 
     @staticmethod

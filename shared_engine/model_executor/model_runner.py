@@ -24,6 +24,7 @@ from shared_engine.model_executor.cuda_graph_runner import (
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.kv_offloader import STAGING_BYTES, KVOffloader
 from shared_engine.model_executor.layers.fp8_linear import FP8_DTYPE, check_fp8_supported, quantize_linear_layers
+from shared_engine.model_executor.layers.lora import LORA_ALL, LORA_ATTENTION
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
 from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_entries
@@ -136,6 +137,7 @@ class ModelRunner:
         self.cascade_steps = 0  # steps whose decodes ran cascade attention (graphed or eager)
         self.cascade_graph_steps = 0  # of those, steps replayed from a cascade graph
         self.base_only_graph_steps = 0  # LoRA engine: graph steps replayed without the LoRA layers (no adapter)
+        self.attention_lora_graph_steps = 0  # LoRA engine: graph steps with the q/k/v/o LoRA only (no MLP LoRA)
         self.varlen_graph_steps = 0  # speculative steps replayed from a varlen graph
 
     def _load(self, source: ModelSource) -> torch.nn.Module:
@@ -194,8 +196,8 @@ class ModelRunner:
         out = SchedulerOutput([ScheduledRequest(request, [0] * num_tokens, 0, list(range(num_blocks)), True)],
                               num_batched_tokens=num_tokens)
         inputs = build_inputs(out, self.block_size, self.device)
-        if self.lora is not None:  # profile the LoRA layers' activations too
-            self.lora.ctx.active = True
+        if self.lora is not None:  # profile the LoRA layers' activations too (every group)
+            self.lora.ctx.use_variant(LORA_ALL)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         self.model.compute_logits(hidden[inputs.sample_indices])
         rows = min(PROMPT_LOGPROBS_CHUNK, num_tokens)  # one prompt-logprobs chunk counts in the peak
@@ -275,7 +277,7 @@ class ModelRunner:
         inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade)
         inputs.patch_placeholders(None if previous is None else previous.tokens)
         token_slots = None if self.lora is None else self.lora.prepare(out)  # sets lora.ctx.active
-        lora_active = self.lora is not None and self.lora.ctx.active
+        lora_active = self.lora.ctx.variant() if self.lora is not None else False
         self.cascade_steps += inputs.meta.use_cascade
         if cuda:
             span[0].record()
@@ -291,6 +293,7 @@ class ModelRunner:
             self.mixed_graph_steps += key[1] > 0
             self.cascade_graph_steps += key[2]
             self.base_only_graph_steps += self.lora is not None and not key[3]
+            self.attention_lora_graph_steps += key[3] == LORA_ATTENTION
             self.varlen_graph_steps += is_varlen(key)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)

@@ -153,3 +153,27 @@ def test_varlen_buffers_hold_the_step_then_padding():
     assert torch.equal(runner.block_tables[:12, :3], inputs.meta.block_tables)
     meta = runner._meta(*key[:3])  # what the graph was captured with: every sequence through the prefill kernel
     assert meta.num_decodes == 0 and meta.num_seqs == 16 and meta.max_query_len == 6
+
+
+def test_decode_steps_on_attention_adapters_pick_the_attention_only_variant():
+    """Decode graphs are captured three ways in a LoRA engine (no LoRA, attention LoRA only, every LoRA
+    layer), mixed graphs with every layer: a step whose adapters target only q/k/v/o replays the attention
+    variant where its bucket has one, the full variant otherwise; a step without adapters the base-only one,
+    else the cheapest variant there is."""
+    from shared_engine.model_executor.layers.lora import LORA_ALL, LORA_ATTENTION, LORA_NONE
+
+    runner = _runner(64, 512, 512)
+    runner.varlen_sizes = []
+    keys = runner.keys(lora=True)
+    decode_keys = {k[:3] for k in keys if k[1] == 0}
+    assert {k[:3] for k in keys if k[3] == LORA_ATTENTION} == decode_keys
+    assert {k[:3] for k in keys if k[3] is False} == decode_keys
+    assert all(k[3] is True for k in keys if k[1] > 0)  # mixed graphs: every LoRA layer
+    runner.graphs = dict.fromkeys(keys)
+    decode, mixed = _meta(20, []), _meta(60, [452])
+    assert runner.select(*decode, lora_active=LORA_ATTENTION) == (24, 0, False, LORA_ATTENTION)
+    assert runner.select(*decode, lora_active=LORA_ALL) == (24, 0, False, True)
+    assert runner.select(*decode, lora_active=LORA_NONE) == (24, 0, False, False)
+    assert runner.select(*mixed, lora_active=LORA_ATTENTION) == (64, 464, False, True)
+    del runner.graphs[(24, 0, False, False)]
+    assert runner.select(*decode, lora_active=LORA_NONE) == (24, 0, False, LORA_ATTENTION)

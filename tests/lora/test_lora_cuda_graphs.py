@@ -1,7 +1,8 @@
 """Multi-LoRA on CUDA (gpu-marked; the lead's H200 run): greedy generations that mix adapters and the base
 model are the same through CUDA graphs (SGMV; BGMV too with LORA_GRAPH_BGMV=1) as eagerly through the masked
 torch path, with mixed graph steps whose decodes are padded (the LoRA slot map must follow the graph's padded
-rows); a step without adapter tokens replays the base-only graph and gives the base model's tokens. With
+rows); a step without adapter tokens replays the base-only graph and gives the base model's tokens; decode
+steps whose adapters target only q/k/v/o replay the attention-only LoRA graphs. With
 LORA_GRAPH_STREAM=1, also with 2 slots for the 3 adapters (loads between steps) on their own copy stream
 (`lora_slot_stream`: a load must neither overwrite a slot under a step in flight nor be read before it lands)."""
 
@@ -48,8 +49,12 @@ def test_lora_greedy_graphs_equal_eager_torch_path(small_model_dir, tmp_path):
         mixed = llm.generate(prompts, params, use_tqdm=False, lora_request=per_prompt)
         base_steps = runner.base_only_graph_steps
         base = llm.generate(prompts[:4], params, use_tqdm=False)  # no adapter in any step
-        results[name] = ([o.outputs[0].token_ids for o in mixed], [o.outputs[0].token_ids for o in base])
-        stats[name] = (runner.graph_steps, runner.mixed_graph_steps, runner.base_only_graph_steps - base_steps)
+        attention_steps = runner.attention_lora_graph_steps
+        attention = llm.generate(prompts[:6], params, use_tqdm=False, lora_request=[loras[i % 2] for i in range(6)])
+        results[name] = ([o.outputs[0].token_ids for o in mixed], [o.outputs[0].token_ids for o in base],
+                         [o.outputs[0].token_ids for o in attention])
+        stats[name] = (runner.graph_steps, runner.mixed_graph_steps, runner.base_only_graph_steps - base_steps,
+                       runner.attention_lora_graph_steps - attention_steps)
         if runner.lora.streams is not None:
             assert runner.lora.streams.num_loads > len(loras)  # 3 adapters through 2 slots: reloads
         del llm, runner
@@ -57,8 +62,9 @@ def test_lora_greedy_graphs_equal_eager_torch_path(small_model_dir, tmp_path):
         torch.cuda.empty_cache()
     assert stats["eager_torch"][0] == 0
     for name in list(results)[1:]:
-        graph_steps, mixed_steps, base_only_steps = stats[name]
+        graph_steps, mixed_steps, base_only_steps, attention_steps = stats[name]
         assert mixed_steps > 0 and graph_steps > mixed_steps and base_only_steps > 0, (name, stats[name])
+        assert attention_steps > 0, (name, stats[name])  # a0 (q/v) and a1 (q/k/v/o) only: attention graphs
         assert results[name] == results["eager_torch"], name
-    adapter_out, base_out = results["eager_torch"]
+    adapter_out, base_out, _ = results["eager_torch"]
     assert adapter_out[0] != base_out[0] and adapter_out[1] != base_out[1]  # the adapters change the text

@@ -72,6 +72,30 @@ def test_mixed_batch_equals_peft_merged(llm, adapter_dirs, prompts, references):
     assert llm.engine.runner.lora.num_slot_loads >= 3  # three adapters through two slots
 
 
+def test_steps_run_only_the_projection_groups_their_adapters_target(llm, adapter_dirs, prompts, references,
+                                                                    monkeypatch):
+    """qv8 targets q and v only: its steps add the fused qkv projection's LoRA and launch nothing for o,
+    gate_up and down (no slot holds rows there); mlp4 (o, gate, down) runs those three and not qkv; both
+    together run all four. Outputs still equal PEFT's merged model."""
+    from shared_engine.model_executor.layers.lora import LORA_ALL, LORA_ATTENTION, LoRAContext
+
+    calls = []
+    runs = LoRAContext.runs
+    monkeypatch.setattr(LoRAContext, "runs", lambda self, group: calls.append((group, runs(self, group))) or
+                        runs(self, group))
+    ctx = llm.engine.runner.lora.ctx
+    for names, ran, variant in [(["qv8"], {"qkv"}, LORA_ATTENTION), (["mlp4"], {"o", "gate_up", "down"}, LORA_ALL),
+                                (["qv8", "mlp4"], {"qkv", "o", "gate_up", "down"}, LORA_ALL)]:
+        calls.clear()
+        outs = llm.generate([prompts[0]] * len(names), GREEDY, use_tqdm=False,
+                            lora_request=[lora(adapter_dirs, n) for n in names])
+        assert [o.outputs[0].token_ids for o in outs] == [references[n][0] for n in names]
+        assert {g for g, r in calls if r} == ran and {g for g, r in calls if not r} == {"qkv", "o", "gate_up",
+                                                                                         "down"} - ran, names
+        assert ctx.groups == ran and ctx.variant() == variant
+    check_idle(llm)
+
+
 def test_isolation_cached_tokens(llm, adapter_dirs, prompts, references):
     """The same long prompt on A, B, the base, then B again: each equals its own cold output; only B's
     second call hits the cache."""

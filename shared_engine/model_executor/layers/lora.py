@@ -20,6 +20,13 @@ layer's `slot_ranks` (0 for a module the slot's adapter does not target):
   tokens; each tile reads its adapter's A and B once, and one launch covers every slice of a fused
   projection (q, k, v; gate, up);
 - `bgmv` (`lora_kernel="bgmv"`, kernels/lora_bgmv.py): each token reads its own slot's A and B.
+
+Each projection belongs to a group (`qkv`, `o`, `gate_up`, `down`): a step runs the LoRA of only the groups
+that an adapter among its slots targets (`LoRAContext.groups`, set by the LoRA manager). Eagerly the other
+groups launch nothing; CUDA graphs are captured per `variant` (`LORA_ALL`: every group; `LORA_ATTENTION`:
+q/k/v and o only, the decode graphs' second LoRA variant), so a step whose adapters target only attention
+projections (bench_lora's q/k/v/o adapters, PEFT's default q/v) replays a graph without the MLP's four
+launches per layer. Skipping a group is exact: none of the step's slots holds a row for it (rank 0).
 """
 
 from __future__ import annotations
@@ -27,6 +34,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import nn
+
+# graph variants (the fourth element of a CUDA graph key; LORA_ALL == True, so keys built with True mean all)
+LORA_NONE, LORA_ALL, LORA_ATTENTION = 0, 1, 2
+ATTENTION_GROUPS = frozenset({"qkv", "o"})
 
 
 class LoRAContext:
@@ -38,7 +49,8 @@ class LoRAContext:
     [max_num_tokens, max_loras] (model dtype, the torch path): row t one-hot at token t's slot, all zero for
     slot -1. `active`: False skips every LoRA layer in eager steps whose tokens all run on the base model
     (bitwise the base model's output) and picks a CUDA graph captured without the LoRA layers where there
-    is one (`CudaGraphRunner`); graphs with the layers are captured with it True. `kernel`: "torch" (the
+    is one (`CudaGraphRunner`); graphs with the layers are captured with it True. `groups`: the projection
+    groups whose LoRA runs (None: all), the union of what the step's adapters target. `kernel`: "torch" (the
     masked dense path; always on the CPU), "sgmv" or "bgmv" (CUDA, `LoRAConfig.lora_kernel`).
     """
 
@@ -62,6 +74,23 @@ class LoRAContext:
         self._all_base = True  # the buffers hold no adapter token (the next all-base step copies nothing)
         self._pin = torch.device(device).type == "cuda"
         self.active = False
+        self.groups: frozenset[str] | None = None
+
+    def runs(self, group: str) -> bool:
+        """Whether a projection of `group` adds its LoRA in this step (or the graph being captured)."""
+        return self.active and (self.groups is None or group in self.groups)
+
+    def variant(self) -> int:
+        """The CUDA graph variant this step needs: LORA_NONE (no adapter token), LORA_ATTENTION (its
+        adapters target only q/k/v/o) or LORA_ALL."""
+        if not self.active:
+            return LORA_NONE
+        return LORA_ATTENTION if self.groups is not None and self.groups <= ATTENTION_GROUPS else LORA_ALL
+
+    def use_variant(self, variant: int) -> None:
+        """Set `active` and `groups` as graph `variant` runs them (for its capture)."""
+        self.active = bool(variant)
+        self.groups = ATTENTION_GROUPS if variant == LORA_ATTENTION else None
 
     @property
     def token_slots(self) -> torch.Tensor:
@@ -114,9 +143,11 @@ class LoRAProjection(nn.Module):
     """
 
     def __init__(self, ctx: LoRAContext, in_features: int, out_sizes: list[int], max_rank: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, group: str = "") -> None:
+        """`group`: the projection's group ("qkv", "o", "gate_up", "down"; see the module docstring)."""
         super().__init__()
         self.ctx = ctx
+        self.group = group
         self.out_sizes = list(out_sizes)
         self.max_rank = max_rank
         width = ctx.max_loras * max_rank
@@ -137,7 +168,7 @@ class LoRAProjection(nn.Module):
 
     def forward(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Add each token's delta to `out` [num_tokens, sum(out_sizes)] in place; `x` [num_tokens, in]."""
-        if not self.ctx.active:
+        if not self.ctx.runs(self.group):
             return out
         if self.ctx.kernel == "sgmv":
             return self._forward_sgmv(x, out)

@@ -156,10 +156,10 @@ class LlamaForCausalLM(nn.Module):
         ref = self.lm_head.weight
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv_lora = LoRAProjection(ctx, h, [q, kv, kv], max_rank, ref.dtype, ref.device)
-            attn.o_lora = LoRAProjection(ctx, q, [h], max_rank, ref.dtype, ref.device)
-            mlp.gate_up_lora = LoRAProjection(ctx, h, [i, i], max_rank, ref.dtype, ref.device)
-            mlp.down_lora = LoRAProjection(ctx, i, [h], max_rank, ref.dtype, ref.device)
+            attn.qkv_lora = LoRAProjection(ctx, h, [q, kv, kv], max_rank, ref.dtype, ref.device, "qkv")
+            attn.o_lora = LoRAProjection(ctx, q, [h], max_rank, ref.dtype, ref.device, "o")
+            mlp.gate_up_lora = LoRAProjection(ctx, h, [i, i], max_rank, ref.dtype, ref.device, "gate_up")
+            mlp.down_lora = LoRAProjection(ctx, i, [h], max_rank, ref.dtype, ref.device, "down")
 
     def lora_targets(self, layer: int) -> dict[str, tuple[LoRAProjection, int]]:
         """PEFT module name → (its LoRA projection in `layer`, slice index)."""
