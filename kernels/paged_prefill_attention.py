@@ -68,23 +68,35 @@ def _attend_kv_range(
     CAUSAL_MASK: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update of rows `q` [ROWS, HEAD_DIM], row i at token position q_pos[i] (rows may mix
-    tokens and heads), over KV positions [kv_start, kv_end); masks (causal, bounds) only where CAUSAL_MASK."""
+    tokens and heads), over KV positions [kv_start, kv_end); masks (causal, bounds) only where CAUSAL_MASK.
+    Without CAUSAL_MASK the range must lie inside the context and at or before every row's position (the
+    caller's full tiles): its loads are then unmasked. `qk_scale` is applied inside the exponent (one FMA per
+    score, as FlashAttention does), `m_i` is kept in scaled units."""
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
     for n0 in range(kv_start, kv_end, BLOCK_N):
         pos = n0 + offs_n
-        valid = pos < kv_end
-        block = tl.load(bt_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        if CAUSAL_MASK:
+            valid = pos < kv_end
+            block = tl.load(bt_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        else:
+            block = tl.load(bt_row + pos // BLOCK_SIZE).to(tl.int64)
         kv_off = (block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + head_off)[:, None] + offs_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)  # FP8 cache: exact cast
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N]
+        if CAUSAL_MASK:
+            k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)  # FP8: exact cast
+        else:
+            k = tl.load(k_cache_ptr + kv_off).to(q.dtype)
+        s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
         if CAUSAL_MASK:
             s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        p = tl.exp2(s * qk_scale - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)
+        if CAUSAL_MASK:
+            v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)
+        else:
+            v = tl.load(v_cache_ptr + kv_off).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     return m_i, l_i, acc
@@ -96,9 +108,11 @@ def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
     scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_ot, stride_oh,
     QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSE_TILES: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
+    if REVERSE_TILES:  # a sequence's last (longest) query tiles start first: a shorter tail of the grid
+        tile = tl.num_programs(0) - 1 - tile
     seq = tl.program_id(1)
     head = tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
@@ -152,12 +166,14 @@ def paged_prefill_attention(
     num_stages: int = 2,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    reverse_tiles: bool = False,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
     """Causal varlen attention of new query tokens over the paged cache (see the module docstring).
 
     `max_seqlen_q` (a python int, tokens) bounds every q_len_b and sizes the grid, so no host sync is
     needed. Requires context_lens[b] >= q_len_b. head_dim: power of two >= 16. `scale` multiplies q.k.
-    `block_m` (power of two >= 16) counts a program's query tokens. The caches hold q's dtype or are
+    `block_m` (power of two >= 16) counts a program's query tokens; `reverse_tiles` launches the query tiles
+    last first (under a causal mask the last tiles have the most keys). The caches hold q's dtype or are
     float8_e4m3fn (an FP8 KV cache, values times `k_scale` / `v_scale`). Launches without host syncs.
     Raises ValueError on bad shapes, dtypes, layouts or block_m.
     """
@@ -191,6 +207,7 @@ def paged_prefill_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         QUERIES_PER_KV=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, REVERSE_TILES=bool(reverse_tiles), num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
     return out
