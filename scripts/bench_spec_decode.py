@@ -68,9 +68,10 @@ def timed_requests(llm, prompts, params) -> tuple[float, int, list]:
     return seconds, tokens, outs
 
 
-def set_speculation(engine, spec, on: bool) -> None:
-    """Speculation on or off in one engine; off also stops a draft model's KV mirror (its cost), and each
-    timed run starts from an empty prefix cache (none reuses the previous run's prompt blocks)."""
+def set_speculation(engine, spec, on: bool, reset_prefix_cache: bool = True) -> None:
+    """Speculation on or off in one engine; off also stops a draft model's KV mirror (its cost); with
+    `reset_prefix_cache` the next run starts from an empty prefix cache (none reuses the previous run's prompt
+    blocks)."""
     from shared_engine.spec_decode.draft_model_runner import DraftModelRunner
 
     draft = spec.proposer
@@ -78,7 +79,8 @@ def set_speculation(engine, spec, on: bool) -> None:
         draft = getattr(draft, "draft", None)
     engine.spec = spec if on else None
     engine.runner.draft_runner = draft if on else None
-    engine.block_manager.reset_prefix_cache()
+    if reset_prefix_cache:
+        engine.block_manager.reset_prefix_cache()
 
 
 def spec_counts(engine) -> tuple[int, int, int]:
@@ -146,6 +148,7 @@ def code_workload(args) -> dict:
 
 
 def _generate(llm, prompts, out_len):
+    """All prompts at once, greedy: (seconds, output tokens, median over requests of its mean ITL, outputs)."""
     from shared_engine import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
@@ -174,68 +177,123 @@ def draft_cost_replay(spec):
     return DraftCostReplayProposer(spec.config, spec.proposer)
 
 
-def replay_workload(args) -> dict:
-    from shared_engine import LLM
+class StepLog:
+    """Counts one run's steps and the steps that verified drafts (wraps `SpecDecoder.on_step`)."""
+
+    def __init__(self, spec) -> None:
+        self.steps = self.spec_steps = 0
+        original = spec.on_step
+
+        def on_step(out, seconds):
+            self.steps += 1
+            self.spec_steps += out.has_drafts
+            original(out, seconds)
+
+        spec.on_step = on_step
+
+
+def _spec_run(llm, engine, spec, base, prompts, truth, out_len, k, policy, rate, seed=0) -> dict:
+    """One timed run with speculation on (`policy`, at most k drafts, replay marks at `rate`)."""
     from shared_engine.spec_decode.policy import make_policy
 
+    spec.proposer.acceptance_rate = rate
+    spec.proposer.reseed(seed)
+    spec.policy = make_policy(dataclasses.replace(base, num_speculative_tokens=k, policy=policy))
+    steps = StepLog(spec)
+    before = spec_counts(engine)
+    first_before = list(engine.stats.spec.accepted_per_pos_total[:1]) or [0]
+    seconds, tokens, itl, outs = _generate(llm, prompts, out_len)
+    del spec.on_step  # back to the class's method
+    drafts, drafted, accepted = (x - y for x, y in zip(spec_counts(engine), before))
+    first = (engine.stats.spec.accepted_per_pos_total[:1] or [0])[0] - first_before[0]
+    row = {"policy": policy, "k": k, "draft_token_probability": rate, "seconds": seconds,
+           "tokens_per_s": tokens / seconds, "median_itl_ms": 1e3 * itl,
+           # vLLM's draft acceptance rate (accepted / drafted); i.i.d. at a with full drafts: (a + ... + a^k) / k
+           "acceptance_rate": accepted / max(drafted, 1),
+           "first_position_acceptance": first / max(drafts, 1),  # estimates the set probability a itself
+           "mean_acceptance_length": 1 + accepted / max(drafts, 1), "num_draft_tokens": drafted,
+           "steps": steps.steps, "share_of_steps_speculating": steps.spec_steps / max(steps.steps, 1),
+           "mean_draft_length": drafted / max(drafts, 1),
+           # forced acceptance emits the recording after the prefill's own first token
+           "outputs_follow_recording": sum(o[1:] == t[1:] for o, t in zip(outs, truth)) / len(truth)}
+    if policy == "auto":
+        row["policy_fit_c0_c1_c2"] = spec.policy.step_time()
+    return row
+
+
+def replay_workload(args, save) -> dict:
+    """Batch 1 and each of --batch-sizes: a recording run (speculation off, cold prefix cache; its greedy
+    outputs become the replay's continuations), a timed run with speculation off, then one per k with the
+    policy `always` (and per --acceptance at batch 1) and one per k with the policy `auto`, on the same prompts
+    (so every timed run reads the prompts from the prefix cache alike)."""
+    from shared_engine import LLM
+
     method = {"method": "draft_model", "model": args.draft_model} if args.draft_model else {"method": "replay"}
+    batches = [b for b in args.batch_sizes if b > 0]
     llm = LLM(args.model, load_format=args.load_format, max_model_len=args.input_len + args.output_len + 64,
-              max_num_seqs=max([8, *args.batch_sizes]), speculative_config={
-                  **method, "num_speculative_tokens": max(args.ks), "policy": "always"})
+              max_num_seqs=max([8, *batches]), benchmark_forced_acceptance=args.forced_acceptance,
+              speculative_config={**method, "num_speculative_tokens": max(args.ks), "policy": "always"})
     engine, spec = llm.engine, llm.engine.spec
     if args.draft_model:
         spec.proposer = draft_cost_replay(spec)
-    rng = random.Random(0)
-    _generate(llm, [[rng.randint(100, 10000) for _ in range(16)]], 8)  # warm-up
-    base = engine.config.speculative_config
-    results = {"batch1": [], "throughput": []}
-    prompt = [[rng.randint(100, 10000) for _ in range(args.input_len)]]
-    set_speculation(engine, spec, False)
-    off_s, _, off_itl, truth = _generate(llm, prompt, args.output_len)
-    spec.proposer.record(prompt[0], truth[0])
-    results["batch1"].append({"speculation": "off", "median_itl_ms": 1e3 * off_itl})
-    set_speculation(engine, spec, True)
-    for a in args.acceptance:
-        for k in args.ks:
-            spec.proposer.acceptance_rate = a
-            spec.policy = make_policy(dataclasses.replace(base, num_speculative_tokens=k, policy="always"))
-            before = spec_counts(engine)
-            _, _, itl, outs = _generate(llm, prompt, args.output_len)
-            drafts, drafted, accepted = (x - y for x, y in zip(spec_counts(engine), before))
-            results["batch1"].append({"speculation": "replay", "draft_token_probability": a, "k": k,
-                                      "median_itl_ms": 1e3 * itl, "speedup": off_itl / itl,
-                                      "acceptance_rate": accepted / max(drafted, 1),
-                                      "mean_acceptance_length": 1 + accepted / max(drafts, 1),
-                                      # bf16: the k + 1-query path may flip a near-tie argmax of dummy logits
-                                      "greedy_outputs_equal": outs == truth})
-            print(json.dumps(results["batch1"][-1]), flush=True)
-    for batch in [b for b in args.batch_sizes if b > 0]:
-        prompts = [[rng.randint(100, 10000) for _ in range(args.input_len)] for _ in range(batch)]
-        set_speculation(engine, spec, False)
-        off_s, tokens, _, truth = _generate(llm, prompts, args.output_len)
-        set_speculation(engine, spec, True)
-        for p, t in zip(prompts, truth):
-            spec.proposer.record(p, t)
-        spec.proposer.acceptance_rate = args.throughput_acceptance
-        spec.policy = make_policy(dataclasses.replace(base, num_speculative_tokens=max(args.ks), policy="auto"))
-        before = spec_counts(engine)
-        on_s, _, _, outs = _generate(llm, prompts, args.output_len)
-        drafts, drafted, accepted = (x - y for x, y in zip(spec_counts(engine), before))
-        results["throughput"].append({"batch": batch, "off_tokens_per_s": tokens / off_s,
-                                      "auto_policy_tokens_per_s": tokens / on_s, "ratio": off_s / on_s,
-                                      "draft_token_probability": args.throughput_acceptance,
-                                      "num_draft_tokens": drafted, "acceptance_rate": accepted / max(drafted, 1),
-                                      "greedy_outputs_equal": outs == truth,
-                                      "policy_fit_c0_c1_c2": spec.policy.step_time()})
-        print(json.dumps(results["throughput"][-1]), flush=True)
     proposer = ("replay (BENCHMARK ONLY: drafts the target's recorded greedy continuation, each token right with "
                 "the given probability; not a real proposer)")
+    if args.forced_acceptance:
+        proposer += ("; FORCED ACCEPTANCE (benchmark_forced_acceptance, BENCHMARK ONLY): verification runs in full "
+                     "but accepts exactly the drafts the replay marks right and emits the recorded token after "
+                     "them, since dummy bf16 logits would reject the recording almost at once")
     if args.draft_model:
         proposer += (f"; every step also runs the draft model {args.draft_model} (its proposal forwards and KV "
                      "mirror), whose drafts are discarded: the cost of that draft model at the set acceptance")
-    return {"workload": "random token prompts, greedy, ignore_eos", "input_len": args.input_len,
-            "output_len": args.output_len, "proposer": proposer,
+    results = {"batch1": [], "throughput": []}
+    body = {"workload": "random token prompts, greedy, ignore_eos", "input_len": args.input_len,
+            "output_len": args.output_len, "proposer": proposer, "forced_acceptance": args.forced_acceptance,
             "engine_config": engine.config.to_flat(), "results": results}
+    rng = random.Random(0)
+    base = engine.config.speculative_config
+    warm = [[rng.randint(100, 10000) for _ in range(16)] for _ in range(4)]  # warm-up: no run below JIT-compiles
+    set_speculation(engine, spec, False)
+    _, _, _, warm_truth = _generate(llm, warm, 16)
+    for p, t in zip(warm, warm_truth):
+        spec.proposer.record(p, t)
+    set_speculation(engine, spec, True)
+    for k in args.ks:
+        for batch in (1, len(warm)):
+            _spec_run(llm, engine, spec, base, warm[:batch], warm_truth, 16, k, "always", 0.5)
+    for batch in [1, *batches]:
+        prompts = [[rng.randint(100, 10000) for _ in range(args.input_len)] for _ in range(batch)]
+        set_speculation(engine, spec, False, reset_prefix_cache=False)
+        _, _, _, truth = _generate(llm, prompts, args.output_len)  # recording, and the prompts' KV cached
+        off_s, tokens, off_itl, outs = _generate(llm, prompts, args.output_len)
+        for p, t in zip(prompts, truth):
+            spec.proposer.record(p, t)
+        row = {"batch": batch, "off_tokens_per_s": tokens / off_s, "off_median_itl_ms": 1e3 * off_itl,
+               "off_outputs_repeat": outs == truth, "runs": []}
+        set_speculation(engine, spec, True, reset_prefix_cache=False)
+        rates = args.acceptance if batch == 1 else [args.throughput_acceptance]
+        plan = [("always", k, a) for a in rates for k in args.ks]
+        plan += [("auto", k, args.throughput_acceptance) for k in args.ks]
+        for policy, k, a in plan:
+            run = _spec_run(llm, engine, spec, base, prompts, truth, args.output_len, k, policy, a)
+            run["speedup_itl"] = off_itl / (run["median_itl_ms"] / 1e3)
+            run["throughput_ratio"] = run["tokens_per_s"] / row["off_tokens_per_s"]
+            row["runs"].append(run)
+            print(json.dumps({"batch": batch, **{key: (round(v, 4) if isinstance(v, float) else v)
+                                                for key, v in run.items() if key != "policy_fit_c0_c1_c2"}}),
+                  flush=True)
+        results["batch1" if batch == 1 else "throughput"].append(row)
+        save(body, complete=False)  # a run cut by its timeout keeps the batches it finished
+    return body
+
+
+def print_summary(body: dict) -> None:
+    """One line per batch: speculation off, then each run's ITL speed-up and throughput ratio."""
+    for row in body["results"]["batch1"] + body["results"]["throughput"]:
+        runs = "  ".join(f"{r['policy']}/k{r['k']}/a{r['draft_token_probability']}: itl x{r['speedup_itl']:.2f} "
+                         f"tput x{r['throughput_ratio']:.2f} spec {r['share_of_steps_speculating']:.0%}"
+                         for r in row["runs"])
+        print(f"batch {row['batch']}: off itl {row['off_median_itl_ms']:.2f} ms {row['off_tokens_per_s']:.0f} tok/s"
+              f"  {runs}")
 
 
 def main() -> None:
@@ -252,18 +310,28 @@ def main() -> None:
     p.add_argument("--acceptance", type=float, nargs="+", default=[0.6, 0.8])
     p.add_argument("--throughput-acceptance", type=float, default=0.8)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256, 448])
+    p.add_argument("--forced-acceptance", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay: BENCHMARK-ONLY forced acceptance (the replay's marks decide verification)")
     p.add_argument("--input-len", type=int, default=1000)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--file-chars", type=int, default=1500)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     started = time.time()
-    body = code_workload(args) if args.workload == "code" else replay_workload(args)
-    results = {"benchmark": f"spec_decode_{args.workload}", **environment(), "command": " ".join(sys.argv),
-               "model": args.model or "SmolLM2-135M-Instruct (default)", "load_format": args.load_format,
-               "wall_seconds": time.time() - started, **body}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1, default=str))
+
+    def save(body: dict, complete: bool) -> None:
+        results = {"benchmark": f"spec_decode_{args.workload}", **environment(), "command": " ".join(sys.argv),
+                   "model": args.model or "SmolLM2-135M-Instruct (default)", "load_format": args.load_format,
+                   "wall_seconds": time.time() - started, "complete": complete, **body}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1, default=str))
+
+    if args.workload == "code":
+        save(code_workload(args), complete=True)
+    else:
+        body = replay_workload(args, save)
+        save(body, complete=True)
+        print_summary(body)
     print(f"wrote {args.out}")
 
 

@@ -1,30 +1,40 @@
 #!/usr/bin/env bash
 # Issue 17 on one CUDA machine: the speculative decoding GPU tests (CUDA graphs with k + 1-token queries, the
-# Triton accept kernel, the draft_model method), then the replay benchmark (BENCHMARK-ONLY proposer) on
-# llama-3.1-8b dummy weights, and (step "draft") the same batch-1 replay paying for a llama-3.2-1b draft model.
-#   GIT_COMMIT=$(git rev-parse HEAD) scripts/gpu_spec_check.sh OUTDIR   (STEPS="tests bench" by default)
+# Triton accept kernel, the draft_model method), then the replay benchmark (BENCHMARK-ONLY proposer, with
+# BENCHMARK-ONLY forced acceptance: verification accepts exactly the drafts the replay marks right, since dummy
+# bf16 logits reject the recording) on llama-3.1-8b dummy weights: batch 1 at acceptance 0.6 / 0.8 and batch
+# 64 / 256 / 448 at 0.8, k 3 and 5, policy always and auto, vs speculation off; and (step "draft") the batch-1
+# replay paying for a llama-3.2-1b draft model's forwards and KV mirror.
+#   GIT_COMMIT=<sha> STEPS="bench draft" scripts/gpu_spec_check.sh OUTDIR   (STEPS="tests bench" by default)
+# Expected on one H200: tests ~60 s; bench ~130 s (limit 190 s); draft ~45 s (limit 100 s). STEPS="bench draft"
+# is ~175 s, at most ~295 s with both limits hit; a run cut by its limit keeps the batches it finished.
 set -uo pipefail
 OUT=${1:?usage: gpu_spec_check.sh OUTDIR}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$(pwd):${PYTHONPATH:-}"
 PY=${PYTHON:-python3}
 STEPS=" ${STEPS:-tests bench} "
+C=${GIT_COMMIT:-unknown}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/nvidia_smi.txt"
 if [[ "$STEPS" == *" tests "* ]]; then
   echo "== GPU tests ($(date +%T))"
   timeout ${TEST_TIMEOUT:-110} $PY -m pytest -q -x -p no:cacheprovider tests/kernels/test_rejection_sampling.py \
-    tests/engine/test_spec_decode_cuda.py 2>&1 | tail -15 | tee "$OUT/spec_gpu_tests.txt"
+    tests/engine/test_spec_decode_cuda.py 2>&1 | tail -15 | tee "$OUT/spec_gpu_tests_h200_$C.txt"
 fi
 if [[ "$STEPS" == *" bench "* ]]; then
-  echo "== replay benchmark ($(date +%T))"
-  timeout ${BENCH_TIMEOUT:-170} $PY scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b \
+  echo "== replay benchmark, forced acceptance ($(date +%T))"
+  timeout ${BENCH_TIMEOUT:-190} $PY scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b \
     --load-format dummy --input-len 1000 --output-len ${OUTPUT_LEN:-128} --batch-sizes ${BATCH_SIZES:-64 256 448} \
-    --out "$OUT/spec_decode_h200_replay.json" 2>&1 | grep -vE "^\s*$" | tail -30 | tee "$OUT/bench_log.txt"
+    --ks 3 5 --acceptance 0.6 0.8 --throughput-acceptance 0.8 \
+    --out "$OUT/spec_decode_h200_replay_$C.json" 2>&1 | grep -vE "^\s*$" | tee "$OUT/spec_bench_log_$C.txt" \
+    | grep -E "^batch |wrote|Error|error" | tail -12
 fi
 if [[ "$STEPS" == *" draft "* ]]; then
-  echo "== replay benchmark with the llama-3.2-1b draft model's cost ($(date +%T))"
-  timeout ${DRAFT_TIMEOUT:-110} $PY scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b \
+  echo "== replay benchmark, forced acceptance, with the llama-3.2-1b draft model's cost ($(date +%T))"
+  timeout ${DRAFT_TIMEOUT:-100} $PY scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b \
     --load-format dummy --draft-model llama-3.2-1b --input-len 1000 --output-len ${OUTPUT_LEN:-128} \
-    --batch-sizes 0 --out "$OUT/spec_decode_h200_draft_cost.json" 2>&1 | grep -vE "^\s*$" | tail -20 \
-    | tee "$OUT/draft_cost_log.txt"
+    --batch-sizes 0 --ks 3 5 --acceptance 0.6 0.8 \
+    --out "$OUT/spec_decode_h200_draft_cost_$C.json" 2>&1 | grep -vE "^\s*$" | tee "$OUT/spec_draft_cost_log_$C.txt" \
+    | grep -E "^batch |wrote|Error|error" | tail -6
 fi
+echo "== done ($(date +%T))"

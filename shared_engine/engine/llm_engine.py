@@ -30,7 +30,10 @@ logger = logging.getLogger("shared_engine")
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, benchmark_forced_acceptance: bool = False) -> None:
+        """`benchmark_forced_acceptance` (BENCHMARK ONLY; no flag, config key or server route sets it): the
+        replay proposer decides verification's outcome (`spec_decode/forced_acceptance.py`). Raises
+        ValueError with it and no speculative config, or with tensor parallelism."""
         m = config.model
         self.source = resolve_model(m.model, m.load_format, m.tokenizer)
         arch = self.source.arch
@@ -48,6 +51,8 @@ class LLMEngine:
         self.spec = None if spec is None else SpecDecoder(spec, self.max_model_len, engine_config=config,
                                                           source=self.source, runner=self.runner,
                                                           tokenizer=self.tokenizer)
+        if benchmark_forced_acceptance:
+            self._force_acceptance(config)
         num_blocks = self._num_kv_blocks(config)
         check_fits(num_blocks, config.cache.block_size, self.max_model_len)
         self.runner.allocate_kv_cache(num_blocks)
@@ -71,6 +76,17 @@ class LLMEngine:
                     self.source.name, r.dtype_name, ", fp8 linear layers" if config.model.quantization else "",
                     r.kv_dtype_name, r.device, r.load_seconds, r.compile_seconds, r.capture_seconds, r.num_cuda_graphs,
                     r.load_seconds + r.compile_seconds + r.capture_seconds)
+
+    def _force_acceptance(self, config: EngineConfig) -> None:
+        from shared_engine.spec_decode.forced_acceptance import ForcedAcceptance
+
+        if self.spec is None:
+            raise ValueError("benchmark_forced_acceptance needs a speculative_config (method 'replay')")
+        if config.parallel.tensor_parallel_size > 1:
+            raise ValueError("benchmark_forced_acceptance is not supported with tensor_parallel_size > 1")
+        self.runner.rejection_sampler.forced = ForcedAcceptance(lambda: self.spec.proposer)
+        logger.warning("BENCHMARK ONLY: forced acceptance -- the replay proposer decides which drafts verification "
+                       "accepts; outputs are its recorded continuations, not the model's")
 
     def _num_kv_blocks(self, config: EngineConfig) -> int:
         """Blocks in the pool. With a draft model each block holds the target's and the draft's KV (one block

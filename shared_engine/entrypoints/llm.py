@@ -28,8 +28,11 @@ class LLM:
         ValueError: an unknown setting or a value out of range (the message names it).
     """
 
-    def __init__(self, model: str | None = None, **engine_args) -> None:
-        self.engine = LLMEngine(EngineConfig.from_flat(model=model, **engine_args))
+    def __init__(self, model: str | None = None, *, benchmark_forced_acceptance: bool = False,
+                 **engine_args) -> None:
+        # benchmark_forced_acceptance: BENCHMARK ONLY (spec_decode/forced_acceptance.py), not an engine setting
+        self.engine = LLMEngine(EngineConfig.from_flat(model=model, **engine_args),
+                                benchmark_forced_acceptance=benchmark_forced_acceptance)
         self._ids = itertools.count()
 
     @classmethod

@@ -14,6 +14,10 @@ Random draws, per request in a fixed order (n uniforms, then n + 1 rows of Exp(1
 and bonus draws by the exponential race, argmax(p / E)), come from the request's own generator when it has a
 seed (its run repeats exactly) and from the sampler's shared stream otherwise. Logprobs, when asked, are the
 target's raw log-softmax at each emitted position, as without speculation.
+
+BENCHMARK ONLY: with `forced` set (`spec_decode/forced_acceptance.py`, from the engine's
+`benchmark_forced_acceptance`) the accept kernel's inputs for the replay proposer's requests are overridden
+just before it runs, so it accepts exactly the drafts the replay marks right; never set when serving.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class RejectionSampler:
     def __init__(self, sampler: Sampler, use_kernel: bool) -> None:
         self.sampler = sampler  # its generators: per-request seeds and the shared stream
         self.use_kernel = use_kernel  # the Triton accept kernel (CUDA); else the pure-torch reference
+        self.forced = None  # BENCHMARK ONLY: a `ForcedAcceptance` (never set when serving)
 
     def sample(
         self,
@@ -55,6 +60,8 @@ class RejectionSampler:
         if random:
             self._random_rows(logits, rows, random, counts, requests, flat_drafts, draft_probs, recovered, target_p,
                               uniforms)
+        if self.forced is not None:
+            self.forced.override(requests, drafts, target_p, recovered)
         k = max(counts) - 1
         first = np.cumsum([0, *counts[:-1]])
         # [batch, k + 1] row indices: position j of request b, clamped to its bonus row

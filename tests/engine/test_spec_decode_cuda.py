@@ -37,3 +37,24 @@ def test_greedy_identity_on_cuda_with_graphs(small_model_dir, async_scheduling):
     assert engine.stats.spec.num_accepted_tokens_total > 50
     assert engine.runner.graph_steps > 0 and engine.runner.mixed_graph_steps > 0
     assert engine.runner.varlen_graph_steps > 0  # the steps of 9-12 speculative decodes
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_forced_acceptance_on_cuda_emits_the_recording(small_model_dir, async_scheduling):
+    """BENCHMARK-ONLY forced acceptance through the Triton accept kernel and the CUDA graphs, bf16 as in the
+    H200 benchmark: a random recording (nothing the model would produce) comes out after the prefill's token."""
+    rng = random.Random(2)
+    prompts = [[rng.randint(3, 1000) for _ in range(rng.randint(5, 300))] for _ in range(12)]
+    recorded = [[rng.randint(3, 1000) for _ in range(40)] for _ in prompts]
+    llm = LLM(str(small_model_dir), load_format="dummy", max_model_len=1024, max_num_seqs=16,
+              async_scheduling=async_scheduling, gpu_memory_utilization=0.2, benchmark_forced_acceptance=True,
+              speculative_config={"method": "replay", "num_speculative_tokens": 5, "policy": "always",
+                                  "acceptance_rate": 0.7})
+    for p, t in zip(prompts, recorded):
+        llm.engine.spec.proposer.record(p, t)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [list(o.outputs[0].token_ids)[1:] for o in outs] == [t[1:] for t in recorded]
+    spec = llm.engine.stats.spec
+    assert abs(spec.accepted_per_pos_total[0] / spec.num_drafts_total - 0.7) < 0.12
+    assert llm.engine.runner.graph_steps > 0
