@@ -36,7 +36,11 @@ from kernels._checks import FLOAT_DTYPES, check_same_device, check_tensor
 TILE_M = 16  # tokens per tile (tl.dot needs at least 16 rows)
 _BLOCK_K = 64  # in_features per shrink loop step
 _BLOCK_N = 128  # output columns per expand program
-_MAX_BLOCK_R = 64  # rank rows per program (larger ranks: several rank blocks)
+_MAX_BLOCK_R = 64  # rank rows per shrink program (larger ranks: several rank blocks)
+# rank rows per step of the expand's loop over the slot's own rank (loaded at run time): a rank-16 adapter
+# does one 16-row step whatever `max_lora_rank` the buffers (and a CUDA graph's captured kernels) are sized
+# for, where a block of 64 did four times the tensor-core work on zero rows; a rank-64 one does four steps
+_EXPAND_BLOCK_R = 16
 _TARGET_PROGRAMS = 512  # shrink programs to aim for (split-K when there are few tiles)
 _MAX_SPLITS = 16  # split-K partials (a power of two: the expand's unrolled sum compiles for 1, 2, 4, 8, 16)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -298,6 +302,6 @@ def sgmv_expand(
         _sgmv_expand_kernel[grid](y, s, b, ranks, tokens, tiles, offsets, tiles.stride(0), y.stride(0),
                                   s.stride(0), s.stride(1), s.stride(2), b.stride(0), b.stride(1), ranks.stride(0),
                                   BLOCK_M=TILE_M, NUM_SPLITS=s.shape[0],
-                                  BLOCK_N=_BLOCK_N, BLOCK_R=_block_r(max_rank), FP32_DOT=_fp32_dot(b.dtype),
+                                  BLOCK_N=_BLOCK_N, BLOCK_R=_EXPAND_BLOCK_R, FP32_DOT=_fp32_dot(b.dtype),
                                   num_warps=4)
     return y
