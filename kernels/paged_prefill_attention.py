@@ -65,19 +65,29 @@ def paged_prefill_attention_ref(
 def _attend_kv_range(
     q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, q_pos, kv_start, kv_end, qk_scale,
     stride_cb, stride_ct, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL_MASK: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update of rows `q` [ROWS, HEAD_DIM], row i at token position q_pos[i] (rows may mix
     tokens and heads), over KV positions [kv_start, kv_end); masks (causal, bounds) only where CAUSAL_MASK.
     Without CAUSAL_MASK the range must lie inside the context and at or before every row's position (the
     caller's full tiles): its loads are then unmasked. `qk_scale` is applied inside the exponent (one FMA per
-    score, as FlashAttention does), `m_i` is kept in scaled units."""
+    score, as FlashAttention does), `m_i` is kept in scaled units. PREFETCH: the next tile's block ids are
+    loaded while this tile computes and V is loaded with K, so a tile's K/V loads wait for no other load (the
+    block-table load -> K/V load chain is otherwise on every iteration's critical path)."""
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
+    if PREFETCH:
+        first = kv_start + offs_n
+        next_block = tl.load(bt_row + first // BLOCK_SIZE, mask=first < kv_end, other=0).to(tl.int64)
     for n0 in range(kv_start, kv_end, BLOCK_N):
         pos = n0 + offs_n
         if CAUSAL_MASK:
             valid = pos < kv_end
+        if PREFETCH:
+            block = next_block
+            ahead = pos + BLOCK_N
+            next_block = tl.load(bt_row + ahead // BLOCK_SIZE, mask=ahead < kv_end, other=0).to(tl.int64)
+        elif CAUSAL_MASK:
             block = tl.load(bt_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         else:
             block = tl.load(bt_row + pos // BLOCK_SIZE).to(tl.int64)
@@ -86,6 +96,11 @@ def _attend_kv_range(
             k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)  # FP8: exact cast
         else:
             k = tl.load(k_cache_ptr + kv_off).to(q.dtype)
+        if PREFETCH:
+            if CAUSAL_MASK:
+                v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)
+            else:
+                v = tl.load(v_cache_ptr + kv_off).to(q.dtype)
         s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
         if CAUSAL_MASK:
             s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
@@ -93,10 +108,11 @@ def _attend_kv_range(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s * qk_scale - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if CAUSAL_MASK:
-            v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)
-        else:
-            v = tl.load(v_cache_ptr + kv_off).to(q.dtype)
+        if not PREFETCH:
+            if CAUSAL_MASK:
+                v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)
+            else:
+                v = tl.load(v_cache_ptr + kv_off).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     return m_i, l_i, acc
@@ -108,7 +124,7 @@ def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
     scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_ot, stride_oh,
     QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSE_TILES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSE_TILES: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     if REVERSE_TILES:  # a sequence's last (longest) query tiles start first: a shorter tail of the grid
@@ -139,11 +155,11 @@ def _prefill_kernel(
     full_end = tl.minimum((prefix + tile * BLOCK_M + 1) // BLOCK_N * BLOCK_N, kv_end)
     m_i, l_i, acc = _attend_kv_range(
         q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, q_pos, 0, full_end, qk_scale,
-        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False,
+        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, PREFETCH,
     )  # fmt: skip
     m_i, l_i, acc = _attend_kv_range(
         q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, q_pos, full_end, kv_end, qk_scale,
-        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True,
+        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, PREFETCH,
     )  # fmt: skip
     out = acc / l_i[:, None] * v_scale
     o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
@@ -167,13 +183,15 @@ def paged_prefill_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     reverse_tiles: bool = False,
+    prefetch: bool = False,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
     """Causal varlen attention of new query tokens over the paged cache (see the module docstring).
 
     `max_seqlen_q` (a python int, tokens) bounds every q_len_b and sizes the grid, so no host sync is
     needed. Requires context_lens[b] >= q_len_b. head_dim: power of two >= 16. `scale` multiplies q.k.
     `block_m` (power of two >= 16) counts a program's query tokens; `reverse_tiles` launches the query tiles
-    last first (under a causal mask the last tiles have the most keys). The caches hold q's dtype or are
+    last first (under a causal mask the last tiles have the most keys); `prefetch` loads the next KV tile's
+    block ids ahead and V with K (see `_attend_kv_range`). The caches hold q's dtype or are
     float8_e4m3fn (an FP8 KV cache, values times `k_scale` / `v_scale`). Launches without host syncs.
     Raises ValueError on bad shapes, dtypes, layouts or block_m.
     """
@@ -207,7 +225,8 @@ def paged_prefill_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         QUERIES_PER_KV=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, REVERSE_TILES=bool(reverse_tiles), num_warps=num_warps,
+        BLOCK_M=block_m, BLOCK_N=block_n, REVERSE_TILES=bool(reverse_tiles), PREFETCH=bool(prefetch),
+        num_warps=num_warps,
         num_stages=num_stages,
     )  # fmt: skip
     return out

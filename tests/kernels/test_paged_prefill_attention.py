@@ -35,15 +35,18 @@ def test_prefill_matches_reference(device, q_lens, prefixes, hq, hk, d, bs, bloc
     _run_case(device, torch.float32, q_lens, prefixes, hq, hk, d, bs, block_m, block_n, gen)
 
 
-SWEPT = [(*t, False) for t in sorted({c[:2] for c in TILE_CONFIGS})] + [(64, 64, True), (16, 32, True)]
+# (block_m, block_n, reverse_tiles, prefetch): every swept tile shape, then the loop options
+SWEPT = [(*t, False, False) for t in sorted({c[:2] for c in TILE_CONFIGS})]
+SWEPT += [(64, 64, True, False), (16, 32, True, False), (64, 64, False, True), (128, 64, False, True),
+          (16, 32, True, True)]
 
 
-@pytest.mark.parametrize("block_m,block_n,reverse", SWEPT)
-def test_every_swept_tile_shape_matches_reference(device, block_m, block_n, reverse):
+@pytest.mark.parametrize("block_m,block_n,reverse,prefetch", SWEPT)
+def test_every_swept_tile_shape_matches_reference(device, block_m, block_n, reverse, prefetch):
     """The bench's tile shapes (TILE_CONFIGS) on sequences longer than a 128-row tile, with and without a
     cached prefix that is not a multiple of any tile, over an FP8 cache, tiles in launch order and reversed
-    (longest first): the H200 sweep times only correct configurations. (num_warps / num_stages do not change
-    the result; the interpreter ignores them.)"""
+    (longest first), block ids prefetched or not: the H200 sweep times only correct configurations.
+    (num_warps / num_stages do not change the result; the interpreter ignores them.)"""
     gen = torch.Generator().manual_seed(block_m + block_n)
     q_lens, prefixes, hq, hk, d, bs = [137, 9], [0, 150], 4, 2, 32, 16
     ctx = [q + p for q, p in zip(q_lens, prefixes)]
@@ -53,7 +56,7 @@ def test_every_swept_tile_shape_matches_reference(device, block_m, block_n, reve
     q = torch.randn(sum(q_lens), hq, d, generator=gen).to(device)
     out = poisoned(q.shape, q.dtype, device)
     paged_prefill_attention(q, k8, v8, bt, cu, lens, d**-0.5, max(q_lens), out=out, block_m=block_m,
-                            block_n=block_n, k_scale=0.01, v_scale=0.02, reverse_tiles=reverse)
+                            block_n=block_n, k_scale=0.01, v_scale=0.02, reverse_tiles=reverse, prefetch=prefetch)
     ref = paged_prefill_attention_ref(q, dequantize_fp8_ref(k8, 0.01), dequantize_fp8_ref(v8, 0.02), bt, cu, lens,
                                       d**-0.5)
     assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
