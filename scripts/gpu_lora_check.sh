@@ -18,7 +18,8 @@
 #      wall, device span and host pieces; torch.profiler kernels top-25 over the prefill steps and 16
 #      steady-state decode steps, and at batch 1; graph vs eager steps and why). Estimate (not measured): ~115 s (two
 #      llama-3.1-8b start-ups with graph capture ~25 + ~40 s, four runs of the workload ~30 s + 4 at batch 1, the adapters
-#      ~5 s); own limit 240 s. STEPS="profile bench" ~240 s.
+#      ~5 s, none after the bench step: its rank-16 adapters are reused); own limit 240 s. STEPS="profile bench"
+#      ~230 s (bench ~110 s, then profile ~115 s).
 # Each step has its own time limit, so one slow step cannot starve the next. Estimate (not measured) on one
 # H200, cold Triton cache: ~45 + ~45 (three small engines) + ~25 + ~130 s; STEPS="kernels bench" ~175 s. The benchmark's two
 # llama-3.1-8b engine start-ups (graph capture) and its adapter writing dominate.

@@ -396,12 +396,29 @@ def runner_stats(llm) -> dict:
 
 
 def adapters(model: str, rank: int, count: int, out: Path, targets: list[str]) -> list[Path]:
-    """bench_lora.py's random adapters (same seeds); reused where a previous run wrote them."""
-    from scripts.make_adapters import random_adapters
+    """bench_lora.py's random adapters (same names, seeds and directory by default), reused where a run of
+    either script wrote them for the same rank, targets and model shapes (the first layer's q_proj A)."""
+    from safetensors import safe_open
 
+    from scripts.make_adapters import random_adapters
+    from shared_engine.lora.peft_adapter import module_shapes
+    from shared_engine.model_loader.model_source import resolve_model
+
+    in_features = module_shapes(resolve_model(model, "dummy", None).arch)[targets[0]][0]
     paths = [out / f"r{rank}-{i}" for i in range(count)]
-    if all((p / "adapter_model.safetensors").exists() and json.loads((p / "adapter_config.json").read_text())
-           .get("r") == rank for p in paths):
+
+    def same(path: Path) -> bool:
+        try:
+            config = json.loads((path / "adapter_config.json").read_text())
+            with safe_open(str(path / "adapter_model.safetensors"), "pt") as f:
+                name = next(k for k in f.keys() if f".{targets[0]}.lora_A" in k)  # noqa: SIM118 (not iterable)
+                shape = tuple(f.get_slice(name).get_shape())
+        except (OSError, ValueError, StopIteration):
+            return False
+        return config.get("r") == rank and sorted(config.get("target_modules") or []) == sorted(targets) \
+            and shape == (rank, in_features)
+
+    if all(same(p) for p in paths):
         return paths
     return random_adapters(model, [rank], count, out, targets)
 
@@ -417,7 +434,8 @@ def main() -> None:
     p.add_argument("--num-adapters", type=int, default=30)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--targets", nargs="+", default=["q_proj", "k_proj", "v_proj", "o_proj"])
-    p.add_argument("--adapter-dir", type=Path, default=None, help="default /tmp/lora_profile_adapters/<model>")
+    p.add_argument("--adapter-dir", type=Path, default=Path("/tmp/lora_bench_adapters"),
+                   help="bench_lora.py's default: its rank-16 adapters are reused")
     p.add_argument("--max-loras", type=int, default=32)
     p.add_argument("--lora-kernel", default="sgmv", choices=["sgmv", "bgmv"])
     p.add_argument("--lora-slot-stream", action="store_true")
@@ -445,9 +463,8 @@ def main() -> None:
     prompts = [[rng.randint(100, 10000) for _ in range(args.input_len)] for _ in range(args.num_requests)]
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     started = time.perf_counter()
-    adapter_dir = args.adapter_dir or Path("/tmp/lora_profile_adapters") / args.model
-    paths = adapters(args.model, args.rank, args.num_adapters, adapter_dir, args.targets) if "lora" in args.engines \
-        else []
+    paths = adapters(args.model, args.rank, args.num_adapters, args.adapter_dir, args.targets) \
+        if "lora" in args.engines else []
     common = dict(load_format="dummy", max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                   gpu_memory_utilization=0.8)
     lora_cfg = dict(enable_lora=True, max_loras=args.max_loras, max_lora_rank=64, max_cpu_loras=64,
