@@ -150,7 +150,7 @@ def run(url: str, streams: int, concurrency: int = 32, seed: int = 0, max_s: flo
 
 def main(argv: list[str] | None = None) -> int:
     from reliability.local_server import local_server
-    from reliability.results import RESULTS, write_section
+    from reliability.results import RESULTS, add_append_argument, save
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="a running server (default: start one on the default model)")
@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle-s", type=float, default=30)
     p.add_argument("--num-gpu-blocks-override", type=int, default=1024)
     p.add_argument("--out", type=Path, default=RESULTS)
+    add_append_argument(p, "disconnect_storm")
     args = p.parse_args(argv)
     flags = ["--max-model-len", "1024", "--num-gpu-blocks-override", str(args.num_gpu_blocks_override)]
     with local_server(flags, url=args.url) as url:
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "stuck_requests": int(report.after.get("vllm:num_requests_running", -1)
                               + report.after.get("vllm:num_requests_waiting", 0)),
     }
-    write_section("disconnect_storm", section, args.out)
+    save("disconnect_storm", section, args.out, args.append_to)
     print(section)
     ok = report.idle and report.next_request_ok and report.client_errors == 0
     return 0 if ok else 1

@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from reliability import rag_stack
-from reliability.results import RESULTS, write_section
+from reliability.results import RESULTS, add_append_argument, save
 
 QUESTION = "What does the pass statement do?"
 
@@ -152,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recovery-timeout-s", type=float, default=300)
     p.add_argument("--keep-up", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS)
+    add_append_argument(p, "faults")
     args = p.parse_args(argv)
     up_s = rag_stack.up()
+    images = rag_stack.images()
     out, health, stop = Outcomes(), [], threading.Event()
     threads = [threading.Thread(target=poll_health, args=(stop, health), daemon=True)]
     threads += [threading.Thread(target=load, args=(stop, _engine_request, out), daemon=True)
@@ -182,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                           "supervisor": "compose restart: unless-stopped (the engine exits once its core is dead)",
                           "engine_clients": args.engine_clients, "app_clients": args.app_clients,
                           "engine_request": "chat, stream, max_tokens 64, ignore_eos", "load_s": args.load_s},
-               "kills": kills, "stack_up_s": round(up_s, 1)}
-    write_section("faults", section, args.out)
+               "kills": kills, "stack_up_s": round(up_s, 1), "images": images}
+    save("faults", section, args.out, args.append_to)
     recovered = all(k["health_200_again_after_s"] is not None and k["after_recovery"]["failed"] == 0
                     and k["after_recovery"]["ok"] > 0 for k in kills)
     return 0 if recovered else 1

@@ -109,3 +109,20 @@ def metric(name: str, timeout: float = 10) -> float | None:
         if line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def images() -> dict[str, dict]:
+    """The image each service runs (name, id, build time), for the results file: the code under test is the
+    checkout that scripts/build_images.sh built them from, not necessarily the one writing the results."""
+    found = {}
+    for service in SERVICES:
+        cid = compose("ps", "-q", service, timeout=60).stdout.strip()
+        if not cid:
+            continue
+        out = subprocess.run(["docker", "inspect", "-f", "{{.Config.Image}} {{.Image}}", cid], capture_output=True,
+                             text=True, timeout=60).stdout.split()
+        if len(out) == 2:
+            created = subprocess.run(["docker", "image", "inspect", "-f", "{{.Created}}", out[1]],
+                                     capture_output=True, text=True, timeout=60).stdout.strip()
+            found[service] = {"image": out[0], "id": out[1][:19], "created": created}
+    return found

@@ -32,7 +32,8 @@ def machine() -> dict:
     with contextlib.suppress(OSError, StopIteration):
         lines = Path("/proc/cpuinfo").read_text().splitlines()
         cpu = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "note": SHARED_MACHINE_NOTE}
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "note": SHARED_MACHINE_NOTE,
+            "load_average_1_5_15_min_at_write": [round(x, 2) for x in os.getloadavg()]}
 
 
 def _module() -> str:
@@ -61,6 +62,17 @@ def append_entry(name: str, entry: dict, path: Path = RESULTS) -> Path:
                                       "command": " ".join(["python", "-m", _module(), *sys.argv[1:]]), **entry})
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
+
+
+def save(name: str, section: dict, path: Path = RESULTS, append_to: str | None = None) -> Path:
+    """`write_section(name, ...)`, or with `append_to` `append_entry(append_to, ...)` (a re-run kept beside
+    the earlier ones)."""
+    return append_entry(append_to, section, path) if append_to else write_section(name, section, path)
+
+
+def add_append_argument(parser, name: str) -> None:
+    parser.add_argument("--append-to", metavar="KEY",
+                        help=f"append the run to the list under KEY in the results file instead of replacing '{name}'")
 
 
 def percentile(values: list[float], q: float) -> float | None:

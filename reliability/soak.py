@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from reliability import rag_stack
-from reliability.results import RESULTS, percentile, slope_per_hour, write_section
+from reliability.results import RESULTS, add_append_argument, percentile, save, slope_per_hour
 
 LOCUSTFILE = Path(__file__).with_name("soak_locustfile.py")
 
@@ -35,6 +36,7 @@ def sample_memory(stop: threading.Event, every_s: float, out: list[dict]) -> Non
             row[service] = round(rag_stack.rss_mib(pid), 1) if pid else None
         row["kv_cache_usage_perc"] = rag_stack.metric("vllm:kv_cache_usage_perc")
         row["num_requests_running"] = rag_stack.metric("vllm:num_requests_running")
+        row["load_1min"] = round(os.getloadavg()[0], 2)  # the machine's other work, beside the stack's
         out.append(row)
         stop.wait(every_s)
 
@@ -54,6 +56,11 @@ def memory_summary(samples: list[dict], warmup_s: float) -> dict:
                                "slope_mib_per_hour": round(slope_per_hour(points) or 0.0, 2),
                                "slope_second_half_mib_per_hour": round(slope_per_hour(half) or 0.0, 2)}
     return memory
+
+
+def _spread(values: list[float]) -> dict | None:
+    """min / median / max of `values` (None for none)."""
+    return {"min": min(values), "median": percentile(values, 0.5), "max": max(values)} if values else None
 
 
 def windows(events: list[dict], t0: float, window_s: float) -> list[dict]:
@@ -83,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/reliability-soak"))
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--keep-up", action="store_true", help="leave the stack running at the end")
+    add_append_argument(p, "soak")
     p.add_argument("--reanalyse-memory", action="store_true",
                    help="recompute the memory summary from WORK_DIR/samples.json into the results file; run nothing")
     args = p.parse_args(argv)
@@ -99,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
     up_s = rag_stack.up()
     print(f"stack up in {up_s:.0f} s", flush=True)
+    images = rag_stack.images()
     samples: list[dict] = []
     stop = threading.Event()
     sampler = threading.Thread(target=sample_memory, args=(stop, args.sample_s, samples), daemon=True)
@@ -141,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         "memory": memory, "windows": per_window,
         "p95_ttft_ms_max_over_min_window": round(max(p95s) / min(p95s), 2) if len(p95s) > 1 else None,
         "engine_after_run": idle, "stack_up_s": round(up_s, 1), "num_memory_samples": len(samples),
+        "images": images,
+        "load_average_1min": _spread([s["load_1min"] for s in samples if "load_1min" in s]),
     }
-    write_section("soak", section, args.out)
+    save("soak", section, args.out, args.append_to)
     (args.work_dir / "samples.json").write_text(json.dumps(samples))
     print(json.dumps({k: v for k, v in section.items() if k != "windows"}, indent=1))
     return 0 if failures == 0 and locust.returncode == 0 else 1
