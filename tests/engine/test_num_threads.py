@@ -53,3 +53,17 @@ def test_serve_sets_the_passive_wait_policy(monkeypatch, given, expected):
                                                            threads=engine.device.num_threads))
     assert cli.main(["serve", "--num-threads", "3"]) == 0
     assert seen == {"policy": expected, "threads": 3}
+
+
+def test_serve_sets_the_policy_before_torch_loads():
+    """libgomp reads OMP_WAIT_POLICY once, when torch loads it: everything `main` imports before it sets the
+    variable must leave torch unloaded (checked in a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, shared_engine.__main__, shared_engine.entrypoints.openai.cli_args, "
+            "shared_engine.entrypoints.batch.cli_args; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False", out.stdout

@@ -57,3 +57,27 @@ def test_engine_prompt_logprobs_stay_within_a_chunk(tiny_model_dir):
     assert [next(iter(e)) for e in logprobs[1:]] == prompt[1:]
     got = torch.tensor([next(iter(e.values())).logprob for e in logprobs[1:]])
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_the_memory_profile_runs_one_prompt_logprobs_chunk(tiny_model_dir, monkeypatch):
+    """The profiling pass that sizes the KV cache (CUDA) also runs one chunk of prompt logprobs at the
+    server's top-k, so that a request with `prompt_logprobs` cannot take memory the profile did not count.
+    Run here on the CPU with the CUDA synchronisation stubbed out."""
+    from shared_engine.model_executor import model_runner
+
+    engine = LLMEngine(EngineConfig.from_flat(model=str(tiny_model_dir), load_format="dummy", device="cpu",
+                                              num_gpu_blocks_override=64))
+    runner = engine.runner
+    seen = []
+    real = model_runner.prompt_token_entries
+
+    def spy(compute_logits, hidden, targets, k, *args, **kwargs):
+        seen.append((hidden.shape[0], len(targets), k))
+        return real(compute_logits, hidden, targets, k, *args, **kwargs)
+
+    monkeypatch.setattr(model_runner, "prompt_token_entries", spy)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *_: None)
+    for num_tokens in (300, 40):
+        runner._profile_run(num_tokens)
+    k = engine.config.model.max_logprobs
+    assert seen == [(PROMPT_LOGPROBS_CHUNK, PROMPT_LOGPROBS_CHUNK, k), (40, 40, k)]

@@ -62,7 +62,8 @@ def test_serve_exits_after_its_engine_core_is_killed(tmp_path, default_model_dir
         os.kill(_engine_core_pid(proc.pid), signal.SIGKILL)
         reader.join(60)
         errors = [json.loads(f)["error"] for f in frames if f.startswith('{"error"')]
-        assert errors and "engine" in errors[0]["message"], frames[-3:]
+        assert errors and "engine" in errors[0]["message"] and errors[0]["code"] == 503, frames[-3:]
+        assert len(frames) >= 2 and frames[-1] == "[DONE]", frames[-3:]  # mid-stream: text first, then the error
         statuses = []
         deadline = time.monotonic() + 30
         while proc.poll() is None and time.monotonic() < deadline:

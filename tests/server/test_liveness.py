@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 from shared_engine.config import EngineConfig
 from shared_engine.engine.llm_engine import LLMEngine
@@ -28,11 +29,14 @@ def _config(tiny_model_dir) -> EngineConfig:
                                   num_gpu_blocks_override=64)
 
 
-async def _stream(client, body=BODY) -> tuple[int, dict | None]:
-    """(data frames before the error, the error frame's envelope or None); the stream must end with [DONE]."""
+async def _stream(client, body=BODY, started: asyncio.Event | None = None) -> tuple[int, dict | None]:
+    """(data frames before the error, the error frame's envelope or None); the stream must end with [DONE].
+    `started` is set once the response has begun (the request is in the engine)."""
     frames, error, done = 0, None, False
     async with client.stream("POST", "/v1/completions", json=body) as r:
         assert r.status_code == 200
+        if started is not None:
+            started.set()
         async for line in r.aiter_lines():
             if line == "data: [DONE]":
                 done = True
@@ -89,20 +93,45 @@ def test_hung_step_in_thread(tiny_model_dir):
 
 
 def test_internal_error_outside_a_step_fails_open_streams(tiny_model_dir):
+    """A stream already generating (500 tokens at 20 ms a step) and the stream whose admission fails both
+    end with the engine's error frame (code 503) and [DONE]; the first stops short of its 500 tokens."""
     engine = LLMEngine(_config(tiny_model_dir))
     app = create_app(engine)
+    add, step = engine.add_request, engine.step
+    steps = []
+
+    def slow_step():
+        steps.append(len(engine.scheduler.running))
+        time.sleep(0.02)
+        return step()
 
     def broken_add(*_args, **_kwargs):
         raise RuntimeError("injected fault while admitting a request")
 
     async def scenario(client):
         assert (await client.get("/health")).status_code == 200
+        engine.step = slow_step
+        running = asyncio.create_task(client.post("/v1/completions", json={**BODY, "max_tokens": 500}))
+        for _ in range(600):
+            if len(steps) >= 10:
+                break
+            await asyncio.sleep(0.01)
+        assert len(steps) >= 10 and steps[-1] == 1, steps  # the first request is generating
         engine.add_request = broken_add
         frames, error = await asyncio.wait_for(_stream(client), 60)
         assert frames == 0 and error["code"] == 503 and "injected fault" in error["message"], error
+        r = await asyncio.wait_for(running, 60)
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text
+        error = events[-1]["error"]  # its stream's last event before [DONE]
+        assert error["code"] == 503 and "injected fault" in error["message"], events
+        assert len(steps) < 500, len(steps)  # it did not run to its end
         assert await _health_turns(client, 503) == 503
 
-    run_app(app, scenario)
+    try:
+        run_app(app, scenario)
+    finally:
+        engine.add_request, engine.step = add, step
 
 
 def test_hung_engine_core_process(tiny_model_dir):

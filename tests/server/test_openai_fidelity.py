@@ -150,3 +150,18 @@ def test_cache_salt_isolates_prefix_cache(server):
     cached("tenant-a")
     assert cached("tenant-a") >= 48  # the same salt hits its own blocks
     assert cached("tenant-b") == 0 and cached() == 0  # another salt, or none, sees nothing
+
+
+def test_cache_salt_isolates_chat_prefixes(server):
+    """Chat takes `cache_salt` too: the salt keys the first block, so even the template's shared system
+    block is not shared across salts."""
+    messages = [{"role": "user", "content": "Tenant document: " + " ".join(f"line{i}" for i in range(60))}]
+
+    def cached(salt):
+        r = server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 1, "cache_salt": salt})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    cached("chat-a")
+    assert cached("chat-a") >= 48
+    assert cached("chat-b") == 0

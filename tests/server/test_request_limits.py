@@ -88,20 +88,25 @@ def test_max_waiting_requests_has_a_default_cap(app):
 
 
 class _BlockingTokenizer:
-    """Encodes (and renders chat) only once `release` is set: tokenisation that takes as long as we like."""
+    """Encodes and renders chat only once `release` is set: tokenisation and templating that take as long
+    as we like."""
 
     chat_template = "fake"
 
     def __init__(self) -> None:
         self.entered, self.release, self.returned = threading.Event(), threading.Event(), threading.Event()
 
-    def encode(self, text, add_special_tokens=True):
+    def _block(self) -> None:
         self.entered.set()
         self.release.wait(60)
         self.returned.set()
+
+    def encode(self, text, add_special_tokens=True):
+        self._block()
         return PROMPT
 
     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        self._block()  # a chat blocks in its template first: templating is off the loop too, not only encoding
         return "rendered"
 
 
