@@ -85,6 +85,8 @@ def start_engine(log_dir: Path, config: Path, adapters: dict[str, Path] | None, 
 def start_gateway(log_dir: Path, engine_url: str, tenants_file: Path, env: dict[str, str] | None = None) -> Service:
     port = free_port()
     cmd = [sys.executable, "-m", "case_multilora.app", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    # the repository first, then whatever the caller had (carried wheels in a --target folder on the H200)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     gateway_env = {"ENGINE_URL": engine_url, "ENGINE_API_KEY": ENGINE_API_KEY, "TENANTS_FILE": str(tenants_file),
-                   "PYTHONPATH": str(REPO), **(env or {})}
+                   "PYTHONPATH": path, **(env or {})}
     return start_service("gateway", cmd, port, log_dir, env=gateway_env)

@@ -6,6 +6,9 @@
 # 3. locust through the gateway: isolated, first attempt (max_loras 1, FCFS, no limits), the fix (32 slots,
 #    fair, limits), the base model at the fix's load (case_multilora/loadtest/run_loadtest.py --profile h200);
 # 4. the comparison and plots (report.py --profile h200).
+# On the lent H200 (no network) it needs more than the device has: locust (not there; h200_quick.sh uses
+# async_users.py instead), uvicorn + limits + deprecated and fastapi/pydantic wheels, and a tokenizer for the
+# dummy model (h200_quick.sh: wide_tokenizer.py). h200_quick.sh is the one-call (~6 min) version.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ADAPTERS=${ADAPTERS:-/tmp/multilora_adapters}

@@ -2,7 +2,8 @@
 their isolated run (target <= 1.2x), the fix's throughput against the base model at the same offered load
 (target >= 90%), the whales' refusals; writes `loadtest/summary_<profile>.json` and the plots.
 
-    python case_multilora/loadtest/report.py [--profile cpu|h200] [--plots case_multilora/plots]
+    python case_multilora/loadtest/report.py [--profile cpu|h200|h200q] [--plots case_multilora/plots]
+        [--case-dir DIR (where the results files are)] [--summary PATH]
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def plot(runs: dict[str, dict], summary: dict, plots: Path, profile: str = "cpu"
     for i, name in enumerate(names):
         wb = [s for s in runs[name]["samples"] if s["kind"] == "well-behaved" and "ttft_s" in s]
         left.scatter([s["t_s"] for s in wb], [s["ttft_s"] for s in wb], s=8, label=name, color=f"C{i}")
-    left.set(yscale="log", xlabel="time in the run (s)", ylabel="well-behaved TTFT (s)",
+    any_ttft = any("ttft_s" in s for n in names for s in runs[n]["samples"] if s["kind"] == "well-behaved")
+    left.set(yscale="log" if any_ttft else "linear", xlabel="time in the run (s)", ylabel="well-behaved TTFT (s)",
              title="well-behaved tenants' TTFT (whales burst in the first half of every 30 s)")
     left.title.set_fontsize(8)
     left.legend(fontsize=7)
@@ -66,7 +68,8 @@ def plot(runs: dict[str, dict], summary: dict, plots: Path, profile: str = "cpu"
         right.axhline(1.2 * summary["isolated_p99_ttft_ms"] / 1000, linestyle="--", color="grey",
                       label="1.2x isolated (target)")
         right.legend(fontsize=7)
-    where = {"cpu": "CPU, SmolLM2-135M, 4 trained adapters", "h200": "H200, llama-3.1-8b dummy, 30 adapters"}
+    where = {"cpu": "CPU, SmolLM2-135M, 4 trained adapters", "h200": "H200, llama-3.1-8b dummy, 30 adapters",
+             "h200q": "H200, llama-3.1-8b dummy, 30 adapters, 60 s phases"}
     right.set(ylabel="well-behaved p99 TTFT (s)", title=f"p99 TTFT ({where.get(profile, profile)})")
     right.title.set_fontsize(8)
     fig.tight_layout()
@@ -79,11 +82,17 @@ def plot(runs: dict[str, dict], summary: dict, plots: Path, profile: str = "cpu"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plots", type=Path, default=CASE_DIR / "plots")
-    parser.add_argument("--profile", default="cpu", choices=["cpu", "h200"])
+    parser.add_argument("--profile", default="cpu", choices=["cpu", "h200", "h200q"])
+    parser.add_argument("--case-dir", type=Path, default=CASE_DIR)
+    parser.add_argument("--summary", type=Path, default=None, help="default: CASE_DIR/loadtest/summary_<profile>.json")
     args = parser.parse_args()
-    runs = load(args.profile)
+    runs = load(args.profile, args.case_dir)
+    if not runs:
+        raise SystemExit(f"no results files for profile {args.profile} under {args.case_dir}")
     summary = compare(runs)
-    (CASE_DIR / "loadtest" / f"summary_{args.profile}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    path = args.summary or CASE_DIR / "loadtest" / f"summary_{args.profile}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     for path in plot(runs, summary, args.plots, args.profile):
         print("wrote", path)

@@ -112,6 +112,13 @@ def summarise(samples: list[dict], duration_s: float) -> dict:
                         for n, q in (("median", 50), ("p90", 90), ("p99", 99))},
                      "mean_ttft_ms": round(statistics.mean(ttft), 1) if ttft else None,
                      "p99_e2e_ms": round(percentile([s["e2e_s"] * 1000 for s in ok], 99), 1) if ok else None}
+        open_ = [s for s in rows if s["status"] == "incomplete"]  # async_users.py: cut off at the run's end
+        if open_:
+            # every admitted request's TTFT, the cut-off ones' waits as lower bounds (a starved tail is not short)
+            censored = ttft + [s["ttft_s"] * 1000 if "ttft_s" in s else s["waited_s"] * 1000 for s in open_]
+            out[kind].update(num_incomplete=len(open_),
+                             num_incomplete_without_first_token=sum(1 for s in open_ if "ttft_s" not in s),
+                             p99_ttft_ms_censored=round(percentile(censored, 99), 1))
         if kind == "well-behaved":
             out[kind]["per_tenant_p99_ttft_ms"] = {
                 t: round(percentile([s["ttft_s"] * 1000 for s in ok if s["tenant"] == t], 99), 1)
