@@ -323,8 +323,9 @@ def test_the_batch_case_has_k8s_objects():
 @pytest.mark.parametrize("root", batch_roots(), ids=rel)
 def test_batch_job_conventions(root):
     """One pod per shard (an Indexed Job), at least two at a time (the GPU workers the shards fan out
-    across), each index retried on its own, the engine's run-batch on the shard of its index, the nights
-    volume shared by every pod, /dev/shm in memory, the model cache and config mounted."""
+    across), each index retried on its own, the case's shard worker (run-batch, then the done record) on the
+    shard of its index, the nights volume shared by every pod, /dev/shm in memory, the model cache and config
+    mounted (test_k8s_batch_worker.py runs the mounted worker)."""
     objs = load_base(root)
     job = engine_job(objs)
     spec, pod = job["spec"], job["spec"]["template"]["spec"]
@@ -332,8 +333,8 @@ def test_batch_job_conventions(root):
     assert spec["backoffLimitPerIndex"] >= 1 and pod["restartPolicy"] == "Never"
     c = next(c for c in pod["containers"] if c["name"] == "engine")
     command = " ".join(c.get("command", []) + c.get("args", []))
-    assert "shared_engine run-batch" in command and "JOB_COMPLETION_INDEX" in command
-    assert "-i " in command and "-o " in command and "/etc/shared-engine/config.yaml" in command
+    assert "case_batch_summarisation.batch.worker" in command and "JOB_COMPLETION_INDEX" in command
+    assert "/data/nights/$NIGHT" in command and "/etc/shared-engine/config.yaml" in command
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
