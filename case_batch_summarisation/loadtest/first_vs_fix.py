@@ -11,9 +11,10 @@ checked against the online path's (greedy: the fix changes speed, not answers).
 
 Writes first_attempt/results_<tag>.json and the_fix/results_<tag>.json (tickets/s, output and prompt tokens/s,
 prefix-cache share, engine config, commit, command) and `answers_equal` in the fix's file; `--tag` (default
-`cpu`). `--server-url URL`: post to a server already running (the compose stack's `online` engine) instead of
-starting one; `--skip-fix`: the first attempt only; `--answers-out FILE`: the online answers, {custom_id:
-text}, for loadtest/compose_night.py to compare the DAG's outputs with.
+`cpu`). `--server-url URL`: post to a server already running (the compose stack's `online` engine) instead
+of starting one; `--skip-fix`: the first attempt only; `--deadline-s S`: the first attempt sends no ticket
+after S seconds (a slow machine's run that must end: its rate over the tickets answered); `--answers-out
+FILE`: the online answers, {custom_id: text}, for loadtest/compose_night.py to compare the DAG's outputs with.
 """
 
 from __future__ import annotations
@@ -66,7 +67,11 @@ def first_attempt(rows: list[dict], args, tmp: Path) -> tuple[dict, dict]:
     try:
         client = httpx.Client(base_url=args.server_url or f"http://127.0.0.1:{args.port}", timeout=3600)
 
+        deadline = time.perf_counter() + args.deadline_s if args.deadline_s else None
+
         def post(row):
+            if deadline is not None and time.perf_counter() > deadline:
+                return row["custom_id"], None, None  # not sent: the run's time is up
             r = client.post(row["url"], json=row["body"])
             r.raise_for_status()
             body = r.json()
@@ -75,15 +80,18 @@ def first_attempt(rows: list[dict], args, tmp: Path) -> tuple[dict, dict]:
         started = time.perf_counter()
         with ThreadPoolExecutor(args.concurrency) as pool:
             for cid, content, u in pool.map(post, rows):
-                answers[cid] = content
-                usage.append(u)
-        elapsed = time.perf_counter() - started
+                if u is not None:
+                    answers[cid] = content
+                    usage.append(u)
+                    last = time.perf_counter()
+        elapsed = (last if usage else time.perf_counter()) - started
         config = client.get("/version").json().get("engine_config", {})
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(60)
-    return _result("first_attempt", len(rows), elapsed, usage, config, args) | {
+    return _result("first_attempt", len(usage), elapsed, usage, config, args) | {
+        "num_tickets_asked": len(rows), "deadline_s": args.deadline_s,
         "client": {"concurrency": args.concurrency, "script": "first_vs_fix.py:first_attempt"},
         "server": args.server_url or "started by the script (shared_engine serve)"}, answers
 
@@ -134,6 +142,9 @@ def main() -> None:
     p.add_argument("--server-url", help="a running server (default: start one at first_attempt/config_cpu.yaml)")
     p.add_argument("--skip-fix", action="store_true")
     p.add_argument("--answers-out", type=Path)
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="first attempt: send no ticket after this many seconds (the results count the "
+                   "tickets answered, `num_tickets_asked` the night's)")
     args = p.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tmp = Path(tempfile.mkdtemp(prefix="first_vs_fix_"))

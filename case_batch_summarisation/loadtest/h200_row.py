@@ -5,6 +5,7 @@ same file.
     python -m case_batch_summarisation.loadtest.h200_row case_batch_summarisation/the_fix/offline_h200_<sha>.json
     python -m case_batch_summarisation.loadtest.h200_row FILE --calibrate   # + copies FILE to
         # the_fix/offline_h200.json (the cost model's default) and rewrites cost_model.json from it
+    python -m case_batch_summarisation.loadtest.h200_row FILE_gpu0 FILE_gpu1 [--calibrate]  # GPUS=2
 
 A run stopped by its time limit (`partial_run` in the file) prints what it reached and is refused for
 calibration (exit status 1): a partial run's rate is not the all-at-once run's.
@@ -54,37 +55,57 @@ def table(d: dict) -> str:
     return head + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
 
+def load(path: Path) -> dict:
+    d = json.loads(path.read_text())
+    try:
+        d["_file"] = str(path.resolve().relative_to(CASE_DIR))
+    except ValueError:
+        d["_file"] = str(path)
+    return d
+
+
+def together(runs: list[dict]) -> str:
+    """Workers that ran at once (h200_run.sh GPUS=k): tickets, the slowest worker's time, the sum's rate."""
+    n = sum(d["run"]["num_rows"] for d in runs)
+    wall = max(d["run"]["elapsed_s"] for d in runs)
+    per_gpu = ", ".join(f"{d['run']['rows_per_s']:.1f}" for d in runs)
+    return (f"{len(runs)} workers together: {n:,} tickets in {wall:.1f} s (the slowest worker) = {n / wall:.1f} "
+            f"tickets/s; per GPU {per_gpu}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("file", type=Path)
-    p.add_argument("--calibrate", action="store_true")
+    p.add_argument("files", type=Path, nargs="+", help="one file, or one per worker of a GPUS=k run")
+    p.add_argument("--calibrate", action="store_true", help="with several files: on the slowest worker's")
     args = p.parse_args(argv)
-    d = json.loads(args.file.read_text())
-    try:
-        d["_file"] = str(args.file.resolve().relative_to(CASE_DIR))
-    except ValueError:
-        d["_file"] = str(args.file)
-    if "partial_run" in d:
-        pr = d["partial_run"]
-        print(f"partial run (stopped by {pr['stopped_by']}): {pr['num_rows_finished']:,} of "
-              f"{d['workload']['num_tickets']:,} tickets finished in {pr['elapsed_s']:.1f} s "
-              f"({pr['rows_per_s']:.1f} tickets/s, {pr['prefill_tokens_per_s']:,.0f} prefill tok/s); not calibrating")
-        return 1
-    print(table(d))
+    runs = [load(f) for f in args.files]
+    for d in runs:
+        if "partial_run" in d:
+            pr = d["partial_run"]
+            asked = d.get("workload", {}).get("num_tickets", 0)  # absent: stopped before the main run
+            print(f"{d['_file']}: partial run (stopped by {pr['stopped_by']}): {pr['num_rows_finished']:,} of "
+                  f"{asked:,} tickets finished in {pr['elapsed_s']:.1f} s "
+                  f"({pr['rows_per_s']:.1f} tickets/s, {pr['prefill_tokens_per_s']:,.0f} prefill tok/s); "
+                  "not calibrating")
+            return 1
+    for d in runs:
+        print(table(d) + "\n")
+    if len(runs) > 1:
+        print(together(runs))
     if args.calibrate:
+        slowest = min(zip(runs, args.files), key=lambda x: x[0]["run"]["rows_per_s"])[1]
         target = CASE_DIR / "the_fix" / "offline_h200.json"
-        if args.file.resolve() != target.resolve():
-            shutil.copyfile(args.file, target)
+        if slowest.resolve() != target.resolve():
+            shutil.copyfile(slowest, target)
         sys.path.insert(0, str(ROOT))
         from case_batch_summarisation import cost_model
 
         result = cost_model.main(["--json", str(CASE_DIR / "cost_model.json")])
         h = result["gpus"]["h200"]["1x"]
-        print(f"\nthe night: {h['gpus']} H200s finish 2M tickets in {h['hours_on_that_fleet']:.1f} h "
-              f"({h['gpu_hours_of_work']:.1f} GPU-hours); README: update the H200 and 10x tables from "
-              "cost_model.json, and plots/make_plots.py")
+        print(f"\nthe night (calibrated on {slowest}): {h['gpus']} H200s finish 2M tickets in "
+              f"{h['hours_on_that_fleet']:.1f} h ({h['gpu_hours_of_work']:.1f} GPU-hours); README: update the H200 "
+              "and 10x tables from cost_model.json, and plots/make_plots.py")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,11 +6,16 @@
 # template renders the tickets; prompts are real BPE token ids): NUM_TICKETS (20,000) tickets queued at once
 # (never sized down), a small warm-up first, the roofline after.
 #   GIT_COMMIT=<sha> case_batch_summarisation/loadtest/h200_run.sh OUTDIR
-# Expected (4dec0d0's H200 run: start-up 38 s, 37.2 tickets/s on 2,728 tickets): ~45 s start-up, ~5 s warm-up
-# and ceilings, ~10 s preparing 20,000 rows, ~520 s run: ~580 s. RUN_LIMIT_S (575) bounds the python process:
-# past it, SIGTERM writes the results with `partial_run` (tickets finished, rate) and the script exits 124.
-# Results: OUTDIR/offline_h200_<commit>.json, .log and nvidia_smi.txt; commit them to
-# case_batch_summarisation/the_fix/, then `python -m case_batch_summarisation.loadtest.h200_row FILE`.
+# Expected, from 4dec0d0's H200 run (start-up 38 s, 37.2 tickets/s on 2,728 tickets, prepare 1.3 s): ~10 s
+# packages and imports, ~40 s engine start (the night's 20,000 rows written meanwhile), ~5 s warm-up and
+# ceilings, ~9 s preparing the rows, then 20,000 / 37-40 tickets/s = 500-540 s: ~565-605 s in all, at the
+# edge of one 10-minute call. RUN_LIMIT_S (585) bounds the python process: past it, SIGTERM writes the
+# results with `partial_run` (tickets finished, rate) and the script exits 124.
+# GPUS=2 (kind nvidia-h200-x2): two workers, 10,000 tickets each queued at once on its own H200, both
+# together (~55 s start-up and preparing + 250-270 s: ~330 s); files offline_h200_<commit>_gpu<i>.json.
+# Carry the untracked .wheels_h200 and h200_tokenizer (WHEELS, TOKENIZER to name others).
+# Results: OUTDIR/offline_h200_<commit>[_gpu<i>].json, .log and nvidia_smi.txt; commit them to
+# case_batch_summarisation/the_fix/, then `python -m case_batch_summarisation.loadtest.h200_row FILE...`.
 set -euo pipefail
 OUT=${1:?usage: h200_run.sh OUTDIR [offline_run.py args]}
 shift
@@ -29,8 +34,30 @@ if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/nvidia_smi.txt"
 fi
 export GIT_COMMIT=$SHA
-timeout -s TERM -k 10 "${RUN_LIMIT_S:-575}" \
-  $PY case_batch_summarisation/loadtest/offline_run.py --model "${MODEL:-llama-3.1-8b}" --load-format dummy \
-  --tokenizer "$TOK" --fixed-output --num-tickets "${NUM_TICKETS:-20000}" --warmup-tickets "${WARMUP_TICKETS:-64}" \
-  --roofline --out "$OUT/offline_h200_${SHA:0:7}.json" "$@" 2>&1 | tee "$OUT/offline_h200_${SHA:0:7}.log"
-exit "${PIPESTATUS[0]}"
+run() {  # run OUTFILE [offline_run.py args]: one engine, under the time limit, its log beside its results
+  local out=$1; shift
+  timeout -s TERM -k 10 "${RUN_LIMIT_S:-585}" \
+    $PY case_batch_summarisation/loadtest/offline_run.py --model "${MODEL:-llama-3.1-8b}" --load-format dummy \
+    --tokenizer "$TOK" --fixed-output --warmup-tickets "${WARMUP_TICKETS:-64}" --roofline --out "$out.json" "$@" \
+    > "$out.log" 2>&1
+}
+GPUS=${GPUS:-1}
+N=${NUM_TICKETS:-20000}
+if [ "$GPUS" = 1 ]; then
+  rc=0; run "$OUT/offline_h200_${SHA:0:7}" --num-tickets "$N" "$@" || rc=$?
+  tail -c 2000 "$OUT/offline_h200_${SHA:0:7}.log"; exit $rc
+fi
+# GPUS=k (nvidia-h200-x2 and up): k workers, one GPU each, the night's tickets split in k slices (other
+# tickets each), every slice queued at once on its engine, all k running together.
+pids=()
+for ((i = 0; i < GPUS; i++)); do
+  CUDA_VISIBLE_DEVICES=$i run "$OUT/offline_h200_${SHA:0:7}_gpu$i" --num-tickets $((N / GPUS)) \
+    --first-ticket $((i * N / GPUS)) "$@" &
+  pids+=($!)
+done
+rc=0
+for ((i = 0; i < GPUS; i++)); do
+  wait "${pids[$i]}" || rc=$?
+  echo "== GPU $i"; tail -c 1200 "$OUT/offline_h200_${SHA:0:7}_gpu$i.log"
+done
+exit $rc

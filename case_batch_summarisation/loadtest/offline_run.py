@@ -80,6 +80,10 @@ class Partial:
         self.prefill0 = llm.engine.stats.num_prompt_tokens_total
         self.next_print = 60.0
 
+    def start(self) -> None:
+        """The main run begins (before it, a signal writes what the results hold: start-up, warm-up)."""
+        self.prefill0 = self.llm.engine.stats.num_prompt_tokens_total
+
     def __call__(self, rows: int, tokens: int, elapsed: float) -> None:
         self.rows, self.tokens, self.elapsed = rows, tokens, elapsed
         if elapsed >= self.next_print:
@@ -146,6 +150,8 @@ def main() -> None:
     p.add_argument("--warmup-tickets", type=int, default=300)
     p.add_argument("--time-budget-s", type=float, default=None, help="size the main run to fit this")
     p.add_argument("--min-tickets", type=int, default=0, help="the time budget never sizes the run below this")
+    p.add_argument("--first-ticket", type=int, default=0,
+                   help="the main run's first ticket number (one worker's slice of the night: other tickets)")
     p.add_argument("--median-tokens", type=float, default=600.0)
     p.add_argument("--sigma", type=float, default=0.7)
     p.add_argument("--max-ticket-tokens", type=int, default=6000)
@@ -159,12 +165,21 @@ def main() -> None:
     args = p.parse_args()
     from shared_engine.entrypoints.batch.run_batch import run_batch
 
+    tmp = Path(tempfile.mkdtemp(prefix="batch_offline_"))
+    early = None
+    if not args.time_budget_s:  # the main run's size is known: write its night while the engine starts
+        import multiprocessing
+
+        early = multiprocessing.get_context("fork").Process(
+            target=night, args=(tmp / "night.jsonl", args, args.num_tickets, args.first_ticket))
+        early.start()
     t0 = time.perf_counter()
     llm, name, settings = build_llm(args)
-    tmp = Path(tempfile.mkdtemp(prefix="batch_offline_"))
     results = {"benchmark": "batch_offline", **environment(), "command": " ".join(sys.argv),
                "engine_config": llm.engine.config.to_flat(), "model": llm.engine.source.name,
                "startup_s": time.perf_counter() - t0}
+    partial = Partial(llm, results, args.out)
+    signal.signal(signal.SIGTERM, partial.on_signal)
     warm = run_batch(llm, night(tmp / "warm.jsonl", args, args.warmup_tickets, 10_000_000), tmp / "warm_out.jsonl",
                      name, use_tqdm=False)
     results["warmup"] = warm.as_dict()
@@ -182,14 +197,19 @@ def main() -> None:
         n = max(args.warmup_tickets, args.min_tickets, min(n, int(rate * args.time_budget_s)))
     results["workload"] = {"num_tickets_asked": args.num_tickets, "num_tickets": n,
                            "sized_by_time_budget_s": args.time_budget_s if n < args.num_tickets else None,
-                           "sizing_rate_tickets_per_s": rate,
+                           "sizing_rate_tickets_per_s": rate, "first_ticket": args.first_ticket,
                            "median_tokens": args.median_tokens, "sigma": args.sigma,
                            "max_ticket_tokens": args.max_ticket_tokens, "fixed_output": args.fixed_output,
                            "seed": args.seed}
     print(f"warm-up {warm.num_rows} tickets: {warm.rows_per_s:.1f} tickets/s; main run: {n} tickets", flush=True)
-    night_path = night(tmp / "night.jsonl", args, n, 0)
-    partial = Partial(llm, results, args.out)
-    signal.signal(signal.SIGTERM, partial.on_signal)
+    if early is not None:
+        early.join()
+        if early.exitcode != 0:
+            raise RuntimeError(f"writing the night's tickets failed (exit {early.exitcode})")
+        night_path = tmp / "night.jsonl"
+    else:
+        night_path = night(tmp / "night.jsonl", args, n, args.first_ticket)
+    partial.start()
     summary = run_batch(llm, night_path, tmp / "out.jsonl", name, use_tqdm=True, progress=partial)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     results["run"] = s = summary.as_dict()

@@ -29,3 +29,14 @@ def test_partial_run_is_refused(tmp_path, capsys):
     f.write_text(json.dumps(d))
     assert h200_row.main([str(f), "--calibrate"]) == 1
     assert "11,000 of 2,728" in capsys.readouterr().out  # what it reached, and nothing recalibrated
+
+
+def test_workers_together():
+    a = json.loads(MEASURED.read_text())
+    b = json.loads(json.dumps(a))
+    b["run"]["elapsed_s"] = 2 * a["run"]["elapsed_s"]
+    b["run"]["rows_per_s"] = a["run"]["rows_per_s"] / 2
+    line = h200_row.together([a, b])
+    n = 2 * a["run"]["num_rows"]
+    assert f"{n:,} tickets in {b['run']['elapsed_s']:.1f} s" in line
+    assert f"= {n / b['run']['elapsed_s']:.1f} tickets/s" in line  # the slowest worker sets the wall time
