@@ -29,6 +29,7 @@ from kernels._checks import (
 )
 from kernels._jit import serving_jit
 from kernels.fp8 import KV_CACHE_DTYPES, check_scale, read_cache
+from kernels.interleaved_kv_tiles import attend_interleaved_tiles
 from kernels.split_k_finish import COUNTER_SLOTS, last_split_merges, split_counters
 
 
@@ -99,24 +100,20 @@ def attend_paged_kv(
     return m_i, l_i, acc
 
 
-@serving_jit(ints=("num_splits", "stride_bts"))
+@serving_jit(ints=("num_splits", "stride_bts", "max_tokens"))
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr, counters_ptr,
-    scale, v_scale, num_splits,
+    scale, v_scale, num_splits, max_tokens,
     stride_qs, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_os, stride_oh,
     QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT_OUT: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr, Q_PAD: tl.constexpr, REDUCE_TILE: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr, Q_PAD: tl.constexpr, REDUCE_TILE: tl.constexpr, INTERLEAVE: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
-    # Splits divide this sequence's own length, so every program of a sequence gets equal work.
-    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    end = tl.minimum(start + split_len, ctx)
 
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -132,10 +129,20 @@ def _decode_split_kernel(
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
     bt_row = block_tables_ptr + seq * stride_bts
     head_off = kv_head * stride_ch
-    m_i, l_i, acc = attend_paged_kv(
-        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, start, end, qk_scale,
-        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-    )  # fmt: skip
+    if INTERLEAVE:  # tiles split, split + num_splits, ...: kernels/interleaved_kv_tiles.py
+        m_i, l_i, acc = attend_interleaved_tiles(
+            q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, split, num_splits, ctx, max_tokens,
+            qk_scale, stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+        )  # fmt: skip
+    else:
+        # Contiguous splits divide this sequence's own length, so every program of a sequence gets equal work.
+        split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+        start = split * split_len
+        end = tl.minimum(start + split_len, ctx)
+        m_i, l_i, acc = attend_paged_kv(
+            q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, start, end, qk_scale,
+            stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+        )  # fmt: skip
 
     has_tokens = l_i > 0
     out = acc / tl.where(has_tokens, l_i, 1.0)[:, None] * v_scale  # empty split or context: zeros, never NaN
@@ -258,6 +265,7 @@ def paged_decode_attention(
     fuse_reduce: bool | None = None,
     reduce_tile: int = 32,
     counters: torch.Tensor | None = None,
+    interleave: bool = False,
 ) -> torch.Tensor:  # [num_seqs, num_q_heads, head_dim], q.dtype
     """Attention of one query token per sequence over `context_lens[s]` cached tokens (tokens 0..n-1).
 
@@ -272,7 +280,9 @@ def paged_decode_attention(
     of two), counted in `counters` (int32, zeroed, >= num_seqs * num_kv_heads slots, on q's device; default
     the device's shared buffer, kernels/split_k_finish.py: launches sharing one must not run
     concurrently). False: a second kernel merges them (the two-kernel path, also taken past the default
-    buffer's size). Raises ValueError on bad shapes, dtypes or layouts.
+    buffer's size). `interleave`: split s reads tiles s, s + num_splits, ... of BLOCK_N tokens rather than
+    one contiguous run (its first block-table load then does not wait for the context length).
+    Raises ValueError on bad shapes, dtypes or layouts.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES)
     check_tensor("k_cache", k_cache, 4, KV_CACHE_DTYPES, contiguous=True)
@@ -318,12 +328,13 @@ def paged_decode_attention(
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
         counters if fused else context_lens,  # the latter unused
-        float(scale) * k_scale, float(v_scale), num_splits,
+        float(scale) * k_scale, float(v_scale), num_splits, block_tables.shape[1] * block_size,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         QUERIES_PER_KV=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT_OUT=direct,
         FUSED_REDUCE=fused, Q_PAD=max(2, triton.next_power_of_2(group)), REDUCE_TILE=reduce_tile,
+        INTERLEAVE=interleave,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if not direct and not fused:

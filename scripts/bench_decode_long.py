@@ -3,17 +3,19 @@ heads, head_dim 128, bf16, block size 16, shuffled block tables), timed as CUDA 
 max_context_len 131,072 (what the engine's graphs pass at llama-3.1-8b's full context). Each case times the
 variants of VARIANTS in the same run: `two_kernel` (6e21304's path: split kernel, then a reduce kernel),
 `fused` (the launcher's default: the split kernel's last program per sequence and kv head merges, one
-launch) and `fused_32` (fused, at most 32 splits: one round of loads in the merge). Reports KV bytes read
-over the measured device-to-device copy bandwidth; issue 21's target is >= 70% at batch 1-4, 16k-128k.
+launch), `fused_32` (fused, at most 32 splits: one round of loads in the merge) and `fused_interleaved`
+(fused, split s reading tiles s, s + splits, ...: its first block-table load does not wait for the length).
+Reports KV bytes read over the measured device-to-device copy bandwidth; issue 21's target is >= 70% at
+batch 1-4, 16k-128k.
 Every case also checks fused against two_kernel (max |diff|), and batch 1 at 16k against the torch reference.
 
 `diagnostics` (batch 1, 16k, 132 splits) place the fixed cost: the reduce kernel alone, and both paths over
 empty contexts (no KV read: launch, ramp and merge only).
 
 Usage: python scripts/bench_decode_long.py --out benchmarks/results/decode_long_h200.json [--sweep]
-(about 60 s on an H200: JIT of the variants, 36 graph timings, diagnostics). `--sweep` adds
+(about 70 s on an H200: JIT of the variants, 48 graph timings, diagnostics). `--sweep` adds
 decode_long_sweep.py (variant x splits x reduce tile at batch 1 16k / 128k, kernel configs at 16k, splits
-at batch 2 / 4: about 110 timings and 20 compiles, about 90 s more).
+at batch 2 / 4: about 90 timings and 30 compiles, about 120 s more).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ VARIANTS = {
     "two_kernel": lambda b: dict(num_splits=heuristic_splits(b), fuse_reduce=False),
     "fused": lambda b: dict(num_splits=heuristic_splits(b), fuse_reduce=True),
     "fused_32": lambda b: dict(num_splits=min(32, heuristic_splits(b)), fuse_reduce=True, reduce_tile=32),
+    "fused_interleaved": lambda b: dict(num_splits=heuristic_splits(b), fuse_reduce=True, interleave=True),
 }
 
 
@@ -89,7 +92,8 @@ def time_case(batch: int, ctx: int, copy_gbs: float, gen) -> dict:
         row[name] = case.time(**kw(batch))
     two = case.run(out=torch.empty_like(case.q), **VARIANTS["two_kernel"](batch))
     row["fused_vs_two_kernel_max_abs"] = max(
-        max_abs_diff(case.run(out=torch.empty_like(case.q), **VARIANTS[n](batch)), two) for n in ("fused", "fused_32")
+        max_abs_diff(case.run(out=torch.empty_like(case.q), **VARIANTS[n](batch)), two)
+        for n in VARIANTS if n != "two_kernel"
     )
     if batch == 1 and ctx == CONTEXTS[0]:
         ref = paged_decode_attention_ref(case.q, case.k_cache, case.v_cache, case.bt, case.lens, D**-0.5)

@@ -1,11 +1,12 @@
 """The `--sweep` of bench_decode_long.py: what removes the fixed cost of decode attention at batch 1 and 16k.
 
-  A. batch 1 at 16k and 128k: two_kernel vs fused (reduce tile 16 / 32 / 64) x 16-132 splits, default config;
+  A. batch 1 at 16k and 128k: two_kernel vs fused (reduce tile 16 / 32 / 64; tile 32 interleaved) x 16-132
+     splits, default config;
   B. batch 1 at 16k: kernel configs (BLOCK_N x pipeline stages x warps) for two_kernel at 132 splits and
-     fused at 32 and 132 splits;
+     fused at 32 and 132 splits (132 also interleaved);
   C. batch 2 and 4 at 16k: fused at 16-66 splits.
 Each timing is a median of CUDA graph replays (rep 25 ms); a config that fails to compile (shared memory,
-registers) is recorded with its error. About 110 timings and 20 compiles: about 90 s on an H200.
+registers) is recorded with its error. About 90 timings and 30 compiles: about 120 s on an H200.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import torch
 from bench_decode_long import Case
 
 SPLITS_A = (16, 32, 64, 96, 132)
-MERGES_A = [dict(fuse_reduce=False)] + [dict(fuse_reduce=True, reduce_tile=t) for t in (16, 32, 64)]
+MERGES_A = [dict(fuse_reduce=False)] + [dict(fuse_reduce=True, reduce_tile=t) for t in (16, 32, 64)] + [
+    dict(fuse_reduce=True, reduce_tile=32, interleave=True)]
 CONFIGS_B = [(64, 3, 4), (32, 3, 4), (32, 4, 4), (32, 2, 4), (64, 2, 4), (64, 4, 4), (128, 2, 4), (64, 3, 8),
              (128, 2, 8)]
 PATHS_B = [dict(fuse_reduce=False, num_splits=132), dict(fuse_reduce=True, num_splits=32),
-           dict(fuse_reduce=True, num_splits=132)]
+           dict(fuse_reduce=True, num_splits=132), dict(fuse_reduce=True, num_splits=132, interleave=True)]
 SPLITS_C = {2: (16, 32, 66), 4: (16, 32, 33)}
 CONTEXTS = (16384, 131072)  # A at both, B at the first, C at the first
 
@@ -60,12 +62,13 @@ def sweep(copy_gbs: float, gen) -> list[dict]:
 
 
 def summarise(rows: list[dict]) -> dict:
-    """Fastest timing per (batch, context, fused or not)."""
+    """Fastest timing per (batch, context, merge path, interleaved or not)."""
     best: dict[str, dict] = {}
     for r in rows:
         if "us" not in r:
             continue
-        key = f"batch{r['batch']}_ctx{r['context']}_{'fused' if r.get('fuse_reduce') else 'two_kernel'}"
+        path = ("fused" if r.get("fuse_reduce") else "two_kernel") + ("_interleaved" if r.get("interleave") else "")
+        key = f"batch{r['batch']}_ctx{r['context']}_{path}"
         if key not in best or r["us"] < best[key]["us"]:
             best[key] = r
     return best
