@@ -19,6 +19,9 @@ Helpers: partial-prefill caps (`prefill_caps.py`), session pins (`session_pins.p
 Scheduling policy (`config.scheduling_policy`, core/scheduling/): the order in which waiting requests are
 admitted and the preemption victim. `fcfs` (the default) keeps the queue's order as described above;
 `priority` and `fair` (per-tenant virtual token counters) reorder the waiting queue before admission.
+A policy with `yields_long_prefills` (`fair`), given `long_prefill_token_threshold`, also decides after
+admission whether each running long prefill gets its chunk this step or yields to the requests just
+admitted (core/scheduling/fair.py).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Scheduler(Admission, OutputUpdate):
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions_total = 0
+        self.num_prefill_yields_total = 0  # long prefills that sat a step out for an admission (policy's rule)
         self._now: float | None = None
         self.prefix_cache_queries = 0  # tokens looked up in the prefix cache at admission
         self.prefix_cache_hits = 0  # of those, tokens served from it (host tier included)
@@ -110,6 +114,8 @@ class Scheduler(Admission, OutputUpdate):
         budget = self.config.token_budget
         scheduled_ids: set[str] = set()
         block_tables, block_size = self.block_manager.block_tables, self.block_manager.block_size
+        threshold = self.config.long_prefill_token_threshold if self.policy.yields_long_prefills else 0
+        long_prefills: list[tuple[Request, int, list[int]]] = []  # (request, chunk, blocks): may yield
         for request, remaining in self._running_in_order():
             if budget == 0:
                 break
@@ -126,17 +132,39 @@ class Scheduler(Admission, OutputUpdate):
                 if not self._reserve(request, num_new, scheduled_ids, out):
                     continue
                 table = block_tables[request.request_id]
-            self._add(out, request, num_new, num_new == remaining + num_drafts, table, scheduled_ids, num_drafts)
+            if threshold and remaining > threshold:  # its chunk and blocks are held; added after admission
+                long_prefills.append((request, num_new, table))  # unless it yields to what is admitted
+                scheduled_ids.add(request.request_id)  # not a preemption victim in this step
+            else:
+                self._add(out, request, num_new, num_new == remaining + num_drafts, table, scheduled_ids, num_drafts)
             budget -= num_new
         if out.num_draft_tokens:  # decodes, speculative decodes, prefill chunks (the input builder's order)
             out.scheduled.sort(key=_step_order)
+        admitted_from = len(out.scheduled)
         if not out.preempted_request_ids:
             budget = self._admit_waiting(out, budget, scheduled_ids)
+        if long_prefills:
+            admitted = [item.request for item in out.scheduled[admitted_from:]]
+            budget = self._add_long_prefills(out, long_prefills, admitted, budget)
         if self.max_loras is not None:
             out.running_loras = frozenset(self._running_loras())
         if self.block_manager.host is not None:
             out.kv_offloads, out.kv_restores = self.block_manager.take_copies()
         return out
+
+    def _add_long_prefills(self, out: SchedulerOutput, long_prefills: list[tuple[Request, int, list[int]]],
+                           admitted: list[Request], budget: int) -> int:
+        """The running long prefills whose chunks (and blocks) the first pass held back, for a policy with
+        `yields_long_prefills`: each is added to the step unless the policy makes it yield to the requests
+        `admitted` in it; a yielding one keeps its blocks for the next step and gives its chunk back to the
+        budget (left unused: the step stays short). Returns the budget; counts the yields."""
+        for request, num_new, table in long_prefills:
+            if admitted and self.policy.long_prefill_yields(request, admitted):
+                self.num_prefill_yields_total += 1
+                budget += num_new
+                continue
+            self._add(out, request, num_new, False, table, set())
+        return budget
 
     def _running_loras(self) -> set:
         return {r.lora_key for r in self.running if r.lora_name is not None}

@@ -26,6 +26,10 @@ def test_first_attempt_vs_fix():
     assert first_engine.lora.max_loras == 1 and first_engine.scheduler.scheduling_policy == "fcfs"
     assert fix_engine.lora.max_loras == len(fix_server.lora_modules) == 4
     assert fix_engine.scheduler.scheduling_policy == "fair"
+    # the whales' documents are chunked, so the fair policy can make their chunks yield to a light admission
+    fix_scheduler = fix_engine.scheduler
+    assert fix_scheduler.long_prefill_token_threshold == 64 and fix_scheduler.max_long_partial_prefills == 1
+    assert first_engine.scheduler.long_prefill_token_threshold == 0
     assert first_server.lora_modules == fix_server.lora_modules
     read = lambda name: yaml.safe_load(Path(CASE, name).read_text())
     assert read("the_fix/config.yaml") == read("config.yaml")
@@ -36,6 +40,7 @@ def test_h200_config_serves_30_adapters_of_the_briefs_ranks_in_slots():
     assert len(server.lora_modules) == 30 and engine.lora.max_loras >= 30
     ranks = sorted({int(m.split("=")[1].split("/r")[1].split("-")[0]) for m in server.lora_modules})
     assert ranks == [8, 16, 64] and engine.lora.max_lora_rank == 64
+    assert engine.scheduler.scheduling_policy == "fair" and engine.scheduler.long_prefill_token_threshold == 256
 
 
 @pytest.mark.parametrize("path", ["config.yaml", "first_attempt/config.yaml"])

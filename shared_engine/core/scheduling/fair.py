@@ -17,6 +17,16 @@ it loses at most the lead its last requests gave it), so a stream of distinct te
 table without bound. Running requests are not preempted for fairness; preemption keeps the scheduler's
 default (the most recent arrival).
 
+Long prefills yield (with `long_prefill_token_threshold` set, `yields_long_prefills`): a running request
+with more than the threshold of its prompt left skips a step in which a request of another tenant whose
+counter is at most its own tenant's was admitted, so that tenant's first step holds no chunk of the other's
+long prompt. Chunked prefill alone (the threshold) only caps that chunk: on a machine whose step time grows
+with its tokens (a CPU, or a GPU past the compute knee) the light tenant's first token still waits for a
+step that carries the heavy tenant's chunk. Yielding is VTC applied to prefill chunks: only a tenant served
+no more than the long request's tenant is let ahead (a lower or equal counter), and each admission charges
+its prompt, so a stream of light requests cannot stall the long prompt for good: it waits while they are
+below its tenant's counter. Decodes never yield.
+
 Bound (VTC, Theorem 4.3): while two tenants are backlogged, their counters stay within
 2 * max(prefill_weight * max prompt tokens, decode_weight * max output tokens in the batch) of each other.
 """
@@ -46,6 +56,7 @@ def _num_outputs(request: Request) -> int:
 class FairPolicy(SchedulingPolicy):
     name = "fair"
     tracks_service = True
+    yields_long_prefills = True
 
     def __init__(self, prefill_weight: float = 1.0, decode_weight: float = 2.0) -> None:
         self.prefill_weight = prefill_weight
@@ -99,6 +110,13 @@ class FairPolicy(SchedulingPolicy):
             taken = {id(r) for r in ordered}
             ordered.extend(r for r in by_arrival if id(r) not in taken)
         return ordered
+
+    def long_prefill_yields(self, request: Request, admitted: list[Request]) -> bool:
+        """True when a request of another tenant with a counter at most the long request's tenant's was
+        admitted this step (counters as they stand before the step is charged)."""
+        counters = self.counters
+        own = counters.get(request.tenant, 0.0)
+        return any(r.tenant != request.tenant and counters.get(r.tenant, 0.0) <= own for r in admitted)
 
     def _prune(self) -> None:
         """Keep the `_MAX_DEPARTED` highest counters of tenants with no live request; drop the rest."""

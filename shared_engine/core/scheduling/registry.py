@@ -22,6 +22,7 @@ class SchedulingPolicy:
 
     name = "fcfs"
     tracks_service = False  # True: the scheduler calls `on_served` after every step
+    yields_long_prefills = False  # True: the scheduler asks `long_prefill_yields` (with a chunk cap set)
 
     def on_arrival(self, request: Request, waiting: deque[Request]) -> None:
         """A request is about to join `waiting` (not yet in it)."""
@@ -31,6 +32,12 @@ class SchedulingPolicy:
         can be admitted this step (free sequence slots): a policy may order only that many and leave the
         rest in arrival order (the next step orders again)."""
         return None
+
+    def long_prefill_yields(self, request: Request, admitted: list[Request]) -> bool:
+        """Whether the running `request`, mid-prefill with more than `long_prefill_token_threshold` tokens
+        left, sits this step out because of the requests `admitted` in it (their first prefill chunks). Asked
+        only when `yields_long_prefills` and the threshold is set."""
+        return False
 
     def preemption_key(self, request: Request):
         """Sort key over running requests; the largest is preempted first."""
