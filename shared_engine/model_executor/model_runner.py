@@ -318,7 +318,7 @@ class ModelRunner:
             else:
                 token_ids = emitted
         if self.draft_runner is not None:  # after the sampled ids' copy, so they are not held up by it
-            self.draft_runner.mirror(inputs)
+            self.draft_runner.mirror(inputs, out)
         if cuda:
             span[1].record()
         return LaunchedStep(requests, tokens, token_ids, inputs.num_logits, copied, raw_logprobs, prompt_logprobs,

@@ -4,11 +4,18 @@ The draft's KV pool has the target's `num_blocks` blocks, indexed by the same bl
 allocates once, for both models, and knows nothing of the draft), plus `num_scratch_blocks` blocks past them.
 Two kinds of forward pass write it:
 
-- `mirror(inputs)`, run by the target's `ModelRunner.launch` after every target forward with that step's own
-  inputs (tokens, positions, slot mapping, block tables): every position whose target KV a step computes gets
-  its draft KV in the same slot. So the draft's cache is valid wherever the target's is: prompt chunks (the
-  draft prefills when the target does), prefix-cache hits (the blocks were mirrored when computed), recompute
-  after preemption, and verified drafts. A rejected draft's slot is rewritten later, like the target's.
+- `mirror(inputs, out)`, run by the target's `ModelRunner.launch` after every target forward with that step's
+  own inputs (tokens, positions, slot mapping, block tables): every position whose target KV a step computes
+  gets its draft KV in the same slot. So the draft's cache is valid wherever the target's is: prompt chunks
+  (the draft prefills when the target does), prefix-cache hits (the blocks were mirrored when computed),
+  recompute after preemption, and verified drafts. A rejected draft's slot is rewritten later, like the
+  target's. Except where speculation is off: a step of plain decodes only (no drafts, one token per request:
+  what the auto policy runs at large batch) is not mirrored, so the draft costs nothing while it is off; the
+  blocks those decodes wrote are marked stale (`stale_blocks`), and so is every block a request writes after
+  one of its own stale blocks (its draft KV there saw a stale context). Before a request's next proposal the
+  draft recomputes its positions from its first stale block on (`_catch_up`: one chunked forward for all
+  such requests), so a proposal always reads valid draft KV, also through prefix-cache hits on blocks
+  computed while speculation was off.
 - `propose(...)`: k decode-shaped steps batched over the requests, step j feeding each request the token at
   position c + j (c = its computed tokens; step 0 its last verified token, then its own previous draft) and
   taking the argmax as the next draft. Positions from c on are not yet allocated to the request when the
@@ -64,8 +71,11 @@ class DraftModelRunner:
         self.scratch_per_request = -(-self.k // self.block_size)  # blocks past the live table a proposal can reach
         self.num_scratch_blocks = config.scheduler.max_num_seqs * self.scratch_per_request
         self.num_blocks = 0
-        self.num_mirrored_tokens = 0  # tokens the mirror has run (every target step's)
+        self.num_mirrored_tokens = 0  # tokens the mirror has run (every target step's but plain-decode ones)
+        self.num_skipped_steps = 0  # plain-decode steps not mirrored (speculation off)
+        self.num_caught_up_tokens = 0  # positions recomputed before proposals (`_catch_up`)
         self.num_proposal_steps = 0  # decode-shaped draft forwards of proposals
+        self.stale_blocks: set[int] = set()  # block ids whose draft KV is not valid
         logger.info("Draft model %s loaded (%s weights, %d layers, %s, %s) in %.1f s", source.name,
                     "dummy" if dummy else "real", source.arch.num_layers, self.runner.dtype_name, self.device,
                     self.runner.load_seconds)
@@ -97,11 +107,54 @@ class DraftModelRunner:
         return self.model(inputs.input_ids, inputs.positions, self.runner.kv_caches, inputs.meta, self.backend)
 
     @torch.inference_mode()
-    def mirror(self, inputs: StepInputs) -> None:
+    def mirror(self, inputs: StepInputs, out: SchedulerOutput) -> None:
         """Run the draft over a target step's inputs (after their placeholders were patched), writing its KV
-        at the step's slots; no logits."""
+        at the step's slots; no logits. A step of plain decodes only is skipped (its blocks marked stale)."""
+        stale, bs = self.stale_blocks, self.block_size
+        if not out.num_draft_tokens and all(item.num_new_tokens == 1 for item in out.scheduled):
+            for item in out.scheduled:
+                stale.add(item.block_table[item.start_position // bs])
+            self.num_skipped_steps += 1
+            return
+        if stale:  # blocks written after a stale one of the same request are stale, the others now valid
+            for item in out.scheduled:
+                table, first = item.block_table, item.start_position // bs
+                written = table[first:(item.context_len - 1) // bs + 1]
+                if any(b in stale for b in table[:first + 1]):
+                    stale.update(written)
+                else:
+                    stale.difference_update(written)
         self._forward(inputs)
         self.num_mirrored_tokens += inputs.input_ids.shape[0]
+
+    def _first_stale_position(self, table: list[int], num_tokens: int) -> int | None:
+        """The first position (a block start) below `num_tokens` whose draft KV may be stale, or None."""
+        for i, block in enumerate(table[:-(-num_tokens // self.block_size)]):
+            if block in self.stale_blocks:
+                return i * self.block_size
+        return None
+
+    def _catch_up(self, requests: list, rows: list[int], block_table) -> None:
+        """Recompute the draft KV of each request in `rows` from its first stale block to its computed length
+        (its tokens there are all known: it decodes next), in one forward; those blocks are valid after."""
+        items = []
+        for i in rows:
+            r = requests[i]
+            table = block_table(r.request_id)
+            start = self._first_stale_position(table, r.num_computed_tokens)
+            if start is None:
+                continue
+            tokens = [*r.prompt_token_ids, *r.output_token_ids][start:r.num_computed_tokens]
+            items.append(ScheduledRequest(r, tokens, start, list(table), False))
+        if not items:
+            return
+        inputs = build_inputs(SchedulerOutput(items, num_batched_tokens=sum(len(t.token_ids) for t in items)),
+                              self.block_size, self.device)
+        self._forward(inputs)
+        self.num_caught_up_tokens += inputs.input_ids.shape[0]
+        for item in items:
+            self.stale_blocks.difference_update(item.block_table[item.start_position // self.block_size:
+                                                                 (item.context_len - 1) // self.block_size + 1])
 
     @torch.inference_mode()
     def propose(self, requests: list, caps: list[int], block_table) -> list[list[int]]:
@@ -117,6 +170,8 @@ class DraftModelRunner:
             return drafts
         if len(rows) * self.scratch_per_request > self.num_scratch_blocks:
             raise RuntimeError(f"{len(rows)} requests to draft for, but scratch blocks for {self.num_scratch_blocks}")
+        if self.stale_blocks:
+            self._catch_up(requests, rows, block_table)
         tables = {}
         for slot, i in enumerate(rows):
             r = requests[i]
