@@ -6,13 +6,17 @@ from __future__ import annotations
 import json
 
 SENTIMENTS = ("positive", "neutral", "negative")
+# Characters per value: the instruction's "at most 25 / 20 words" with room (~7 characters a word), a product
+# name. They bound a constrained summary (~40 + 10 + 35 tokens of text + ~25 of keys and quotes: under the
+# rows' 160 max_completion_tokens), so the object always closes before max_tokens cuts it.
+MAX_CHARS = {"issue": 200, "product": 60, "next_action": 160}
 SUMMARY_SCHEMA = {
     "type": "object",
     "properties": {
-        "issue": {"type": "string", "minLength": 1},
-        "product": {"type": "string", "minLength": 1},
+        "issue": {"type": "string", "minLength": 1, "maxLength": MAX_CHARS["issue"]},
+        "product": {"type": "string", "minLength": 1, "maxLength": MAX_CHARS["product"]},
         "sentiment": {"type": "string", "enum": list(SENTIMENTS)},
-        "next_action": {"type": "string", "minLength": 1},
+        "next_action": {"type": "string", "minLength": 1, "maxLength": MAX_CHARS["next_action"]},
     },
     "required": ["issue", "product", "sentiment", "next_action"],
     "additionalProperties": False,
@@ -35,6 +39,9 @@ def summary_problem(text: str | None) -> str | None:
         return f"keys {sorted(keys)} instead of {sorted(required)}"
     if not all(isinstance(value[k], str) and value[k] for k in required):
         return "a value is not a non-empty string"
+    long = [k for k, n in MAX_CHARS.items() if len(value[k]) > n]
+    if long:
+        return f"{long[0]} longer than {MAX_CHARS[long[0]]} characters"
     if value["sentiment"] not in SENTIMENTS:
         return f"sentiment {value['sentiment']!r} not in {list(SENTIMENTS)}"
     return None

@@ -33,7 +33,7 @@ def airflow_python() -> Path:
 
 def test_dag_night_end_to_end_then_rerun_skips(airflow_python, tmp_path):
     conf = {"night": "n1", "num_tickets": 7, "median_tokens": 30.0, "max_ticket_tokens": 120,
-            "max_completion_tokens": 6, "rows_per_shard": 3}
+            "max_completion_tokens": 160, "rows_per_shard": 3}  # the fix's rows: schema-constrained summaries
     env = {**os.environ, "BATCH_NIGHTS_DIR": str(tmp_path), "BATCH_ENGINE_PYTHON": str(ROOT / ".venv" / "bin" /
                                                                                           "python"),
            "BATCH_RETRY_DELAY_S": "1", "PYTHONPATH": "", "BATCH_FAULT_KILL_SHARD": "shard-00000"}
@@ -54,7 +54,7 @@ def test_dag_night_end_to_end_then_rerun_skips(airflow_python, tmp_path):
     report = first["report"]
     assert report["num_shards"] == 3 and report["num_shards_skipped"] == 0
     assert report["num_rows"] == report["num_succeeded"] == 7 and report["num_failed"] == 0
-    assert report["summaries_valid"] + report["summaries_invalid"] == 7
+    assert report["summaries_valid"] == 7 and report["summaries_invalid"] == 0, report  # every row the JSON shape
     assert report["completion_tokens"] > 0 and report["gpu_hours"] > 0 and report["cost_usd"] > 0
     assert second["report"]["num_shards_skipped"] == 3  # the rerun delivered nothing twice
     night = tmp_path / "n1"

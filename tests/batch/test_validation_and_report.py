@@ -26,6 +26,9 @@ GOOD = {"issue": "The router drops the connection.", "product": "Acme Router X2"
     (json.dumps({k: v for k, v in GOOD.items() if k != "product"}), "keys"),
     (json.dumps({**GOOD, "sentiment": "angry"}), "sentiment"),
     (json.dumps({**GOOD, "issue": ""}), "non-empty"),
+    (json.dumps({**GOOD, "issue": "x" * 200}), None),
+    (json.dumps({**GOOD, "issue": "x" * 201}), "issue longer than 200"),
+    (json.dumps({**GOOD, "next_action": "x" * 161}), "next_action longer than 160"),
 ])
 def test_summary_problem_agrees_with_the_json_schema(text, problem):
     got = summary_problem(text)
