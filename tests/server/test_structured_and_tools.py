@@ -87,6 +87,42 @@ def test_tool_choice_named_and_streamed(client, server):
     assert json.loads(deltas[0].function.arguments) == _arguments(call)
 
 
+def _weather_call(city: str) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{city}", "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": city, "unit": "celsius"})}}]}
+
+
+# two earlier turns that called the tool: greedy, the default model then answers the third with a call
+TWO_SHOT = [{"role": "user", "content": "What is the weather in Paris right now?"}, _weather_call("Paris"),
+            {"role": "tool", "tool_call_id": "call_Paris", "content": '{"temperature": 21}'},
+            {"role": "assistant", "content": "It is 21 degrees in Paris."},
+            {"role": "user", "content": "What is the weather in Rome right now?"}, _weather_call("Rome"),
+            {"role": "tool", "tool_call_id": "call_Rome", "content": '{"temperature": 25}'},
+            {"role": "assistant", "content": "It is 25 degrees in Rome."},
+            {"role": "user", "content": "What is the weather in Oslo right now?"}]
+
+
+def test_tool_choice_auto_parses_the_call_out_of_the_text(client, server):
+    """`auto` (no grammar): the model's own `<tool_call>` block becomes a tool call, non-streamed and
+    streamed alike; without a call in the text the answer is plain content."""
+    r = client.chat.completions.create(model=server.model, temperature=0, max_tokens=60, messages=TWO_SHOT,
+                                       tools=[WEATHER], tool_choice="auto")
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content, choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and _arguments(call) == {"city": "Oslo", "unit": "celsius"}
+    chunks = list(client.chat.completions.create(model=server.model, temperature=0, max_tokens=60,
+                                                 messages=TWO_SHOT, tools=[WEATHER], tool_choice="auto",
+                                                 stream=True))
+    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == \
+        [("get_weather", {"city": "Oslo", "unit": "celsius"})]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    plain = client.chat.completions.create(model=server.model, temperature=0, max_tokens=20, messages=ASK,
+                                           tools=[WEATHER], tool_choice="auto").choices[0]
+    assert plain.finish_reason in ("stop", "length") and plain.message.content and not plain.message.tool_calls
+
+
 def test_tools_reach_the_prompt_and_history_keeps_calls(server, tokenizer):
     """The template of SmolLM2-135M ignores `tools`: they go into the system turn in Hermes format; an earlier
     assistant call and its tool answer are rendered too (not dropped)."""
