@@ -14,8 +14,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "reliability_cpu_smollm2.json"
-SHARED_MACHINE_NOTE = ("2-core CPU shared with other agents' work (tests, builds, other servers) while this "
-                       "ran: latencies are noisy and slower than on an idle machine")
+SHARED_MACHINE_NOTE = ("this project's 2-core CPUs are shared with other agents' work (tests, builds, other "
+                       "servers): load_average_1_5_15_min_at_write (and any load recorded during the run) says "
+                       "how busy the machine was; latencies on a busy machine are noisier and slower")
 
 
 def commit() -> str:
