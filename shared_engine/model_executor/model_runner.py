@@ -171,17 +171,22 @@ class ModelRunner:
     # ---- KV cache ------------------------------------------------------------------------------------
     def free_kv_bytes(self) -> int | None:
         """CUDA: bytes left for the KV cache under `gpu_memory_utilization` after the weights and the peak
-        activations of a profiling forward pass at `max_num_batched_tokens`. CPU: None (sized by bytes)."""
+        activations of a profiling forward pass at `max_num_batched_tokens` (with `draft_runner`, the draft
+        model's weights, loaded before, and its own profiling pass count too). CPU: None (sized by bytes)."""
         if self.device.type != "cuda":
             return None
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         started = time.perf_counter()
-        self._profile_run(min(self.config.scheduler.token_budget, self.config.model.max_model_len))
+        num_tokens = min(self.config.scheduler.token_budget, self.config.model.max_model_len)
+        self._profile_run(num_tokens)
+        if self.draft_runner is not None:  # a draft model's weights are already in; its activations too
+            self.draft_runner.profile_run(num_tokens)
         self.compile_seconds = time.perf_counter() - started
         peak = torch.cuda.max_memory_allocated(self.device)
         total = torch.cuda.get_device_properties(self.device).total_memory
         staging = STAGING_BYTES if self.config.cache.kv_offload_size > 0 else 0  # the offloader's buffer
+        self.profiled_peak_bytes = peak  # what the profile found (the memory tests read it)
         return max(0, int(total * self.config.cache.gpu_memory_utilization) - peak - staging)
 
     @torch.inference_mode()

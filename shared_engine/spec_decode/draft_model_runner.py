@@ -71,6 +71,7 @@ class DraftModelRunner:
         self.scratch_per_request = -(-self.k // self.block_size)  # blocks past the live table a proposal can reach
         self.num_scratch_blocks = config.scheduler.max_num_seqs * self.scratch_per_request
         self.num_blocks = 0
+        self.token_budget = min(config.scheduler.token_budget, max_model_len)  # tokens of one catch-up forward
         self.num_mirrored_tokens = 0  # tokens the mirror has run (every target step's but plain-decode ones)
         self.num_skipped_steps = 0  # plain-decode steps not mirrored (speculation off)
         self.num_caught_up_tokens = 0  # positions recomputed before proposals (`_catch_up`)
@@ -88,6 +89,17 @@ class DraftModelRunner:
     @property
     def scratch_bytes(self) -> int:
         return self.num_scratch_blocks * self.kv_bytes_per_block
+
+    @torch.inference_mode()
+    def profile_run(self, num_tokens: int) -> None:
+        """CUDA, inside the target's memory profile (`ModelRunner.free_kv_bytes`): the draft's peak activations,
+        a forward of `num_tokens` (what a mirror or a catch-up runs at most) and a proposal step's logits for
+        `max_num_seqs` rows."""
+        self.runner._profile_run(num_tokens)
+        rows = self.runner.config.scheduler.max_num_seqs
+        hidden = torch.zeros((rows, self.runner.arch.hidden_size), dtype=self.runner.dtype, device=self.device)
+        self.model.compute_logits(hidden).argmax(dim=-1)
+        torch.cuda.synchronize(self.device)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """The target's `num_blocks` (same ids) and the scratch blocks after them; then (CUDA) the graphs. No
@@ -137,24 +149,30 @@ class DraftModelRunner:
     def _catch_up(self, requests: list, rows: list[int], block_table) -> None:
         """Recompute the draft KV of each request in `rows` from its first stale block to its computed length
         (its tokens there are all known: it decodes next), in one forward; those blocks are valid after."""
-        items = []
+        pending = []  # (request, tokens still to recompute, their first position, live table)
         for i in rows:
             r = requests[i]
-            table = block_table(r.request_id)
+            table = list(block_table(r.request_id))
             start = self._first_stale_position(table, r.num_computed_tokens)
-            if start is None:
-                continue
-            tokens = [*r.prompt_token_ids, *r.output_token_ids][start:r.num_computed_tokens]
-            items.append(ScheduledRequest(r, tokens, start, list(table), False))
-        if not items:
-            return
-        inputs = build_inputs(SchedulerOutput(items, num_batched_tokens=sum(len(t.token_ids) for t in items)),
-                              self.block_size, self.device)
-        self._forward(inputs)
-        self.num_caught_up_tokens += inputs.input_ids.shape[0]
-        for item in items:
-            self.stale_blocks.difference_update(item.block_table[item.start_position // self.block_size:
-                                                                 (item.context_len - 1) // self.block_size + 1])
+            if start is not None:
+                pending.append((r, [*r.prompt_token_ids, *r.output_token_ids][start:r.num_computed_tokens], start,
+                                table))
+        bs = self.block_size
+        while pending:  # forwards of at most the token budget (the memory profile's size), a piece per request
+            items, rest, used = [], [], 0
+            for r, tokens, start, table in pending:
+                n = min(len(tokens), self.token_budget - used)
+                if n > 0:
+                    items.append(ScheduledRequest(r, tokens[:n], start, table, False))
+                    used += n
+                if n < len(tokens):
+                    rest.append((r, tokens[max(n, 0):], start + max(n, 0), table))
+            self._forward(build_inputs(SchedulerOutput(items, num_batched_tokens=used), bs, self.device))
+            self.num_caught_up_tokens += used
+            for item in items:
+                self.stale_blocks.difference_update(item.block_table[item.start_position // bs:
+                                                                     (item.context_len - 1) // bs + 1])
+            pending = rest
 
     @torch.inference_mode()
     def propose(self, requests: list, caps: list[int], block_table) -> list[list[int]]:

@@ -58,3 +58,28 @@ def test_forced_acceptance_on_cuda_emits_the_recording(small_model_dir, async_sc
     spec = llm.engine.stats.spec
     assert abs(spec.accepted_per_pos_total[0] / spec.num_drafts_total - 0.7) < 0.12
     assert llm.engine.runner.graph_steps > 0
+
+
+def test_memory_profile_counts_the_draft_model(small_model_dir):
+    """The memory profile's peak holds the draft's weights and its profiling pass: with the model as its own
+    draft the peak grows by at least the draft's weight bytes (engine with the draft built first, so memory
+    a freed engine leaves behind could only shrink the difference)."""
+    import gc
+
+    import torch
+
+    common = {"load_format": "dummy", "dtype": "float32", "max_model_len": 1024, "max_num_seqs": 16,
+              "gpu_memory_utilization": 0.3}
+    with_draft = LLM(str(small_model_dir), **common, speculative_config={
+        "method": "draft_model", "model": str(small_model_dir), "num_speculative_tokens": 3})
+    peak_draft = with_draft.engine.runner.profiled_peak_bytes
+    draft = with_draft.engine.runner.draft_runner
+    draft_bytes = sum(p.numel() * p.element_size() for p in draft.model.parameters())
+    num_blocks, per_block = draft.num_blocks, with_draft.engine.runner.kv_bytes_per_block + draft.kv_bytes_per_block
+    del with_draft, draft
+    gc.collect()
+    torch.cuda.empty_cache()
+    plain = LLM(str(small_model_dir), **common)
+    assert peak_draft - plain.engine.runner.profiled_peak_bytes >= draft_bytes
+    plain_kv_bytes = plain.engine.block_manager.num_blocks * plain.engine.runner.kv_bytes_per_block
+    assert num_blocks < plain_kv_bytes / per_block  # the draft's weights, scratch and blocks all paid for

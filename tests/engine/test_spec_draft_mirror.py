@@ -39,10 +39,13 @@ def _run(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]
 
 
 def test_mirror_skipped_while_off_and_caught_up(default_model_dir):
-    llm = LLM(max_model_len=512, kv_cache_memory=64 * 2**20, speculative_config={
+    llm = LLM(max_model_len=512, kv_cache_memory=64 * 2**20, max_num_batched_tokens=32, speculative_config={
         "method": "draft_model", "model": str(default_model_dir), "num_speculative_tokens": K, "policy": "always"})
     engine, spec = llm.engine, llm.engine.spec
     draft = engine.runner.draft_runner
+    sizes = []  # tokens of every draft forward: none beyond the token budget (the memory profile's size)
+    forward = draft._forward
+    draft._forward = lambda inputs: (sizes.append(inputs.input_ids.shape[0]), forward(inputs))[1]
     tok = llm.get_tokenizer()
     prompts = [tok.encode(p) for p in (REPETITIVE[1], PROSE[0], PROSE[3])]
     # references with speculation (and the mirror) off; then nothing of theirs stays in the prefix cache
@@ -73,3 +76,4 @@ def test_mirror_skipped_while_off_and_caught_up(default_model_dir):
     assert engine.stats.prefix_cache_hits_total - hits >= 32  # tokens
     assert draft.num_caught_up_tokens - caught >= 16  # the hit blocks from the first stale one on
     assert stats.num_accepted_tokens_total - accepted >= 0.9 * (stats.num_draft_tokens_total - drafted)
+    assert max(sizes) <= 32
