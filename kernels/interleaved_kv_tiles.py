@@ -40,17 +40,19 @@ def attend_interleaved_tiles(
     q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_ptr, head_off, split, num_splits, ctx, max_tokens,
     qk_scale, stride_cb, stride_ct, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Tiles split, split + num_splits, ... below `ctx` tokens; `max_tokens` (the block table's width in
-    tokens) bounds the first tile's block-table load, which does not wait for `ctx`. Returns (m_i, l_i, acc)."""
+    """Tiles split, split + num_splits, ... below `ctx` tokens (none when split >= num_splits: the active
+    splits may be fewer than the programs); `max_tokens` (the block table's width in tokens) bounds the
+    first tile's block-table load, which does not wait for `ctx`. Returns (m_i, l_i, acc)."""
     offs_n = tl.arange(0, BLOCK_N)
     pos = split * BLOCK_N + offs_n
     block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=pos < max_tokens, other=0).to(tl.int64)
-    m_i, l_i, acc = attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block, pos, pos < ctx, head_off,
+    end = tl.where(split < num_splits, ctx, 0)
+    m_i, l_i, acc = attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block, pos, pos < end, head_off,
                                 qk_scale, stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE)
     step = num_splits * BLOCK_N
-    for n0 in range((split + num_splits) * BLOCK_N, ctx, step):
+    for n0 in range((split + num_splits) * BLOCK_N, end, step):
         pos = n0 + offs_n
-        valid = pos < ctx
+        valid = pos < end
         block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         m_i, l_i, acc = attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block, pos, valid, head_off,
                                     qk_scale, stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE)

@@ -100,11 +100,11 @@ def attend_paged_kv(
     return m_i, l_i, acc
 
 
-@serving_jit(ints=("num_splits", "stride_bts", "max_tokens"))
+@serving_jit(ints=("num_splits", "stride_bts", "max_tokens", "min_split_tokens"))
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr, counters_ptr,
-    scale, v_scale, num_splits, max_tokens,
+    scale, v_scale, num_splits, max_tokens, min_split_tokens,
     stride_qs, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_os, stride_oh,
     QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT_OUT: tl.constexpr,
@@ -114,6 +114,9 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
+    # Splits that read KV: one per min_split_tokens of this sequence's length, 1..num_splits; the others
+    # store an empty partial (and, fused, count their ticket).
+    active = tl.minimum(tl.maximum(tl.cdiv(ctx, min_split_tokens), 1), num_splits)
 
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -129,14 +132,14 @@ def _decode_split_kernel(
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
     bt_row = block_tables_ptr + seq * stride_bts
     head_off = kv_head * stride_ch
-    if INTERLEAVE:  # tiles split, split + num_splits, ...: kernels/interleaved_kv_tiles.py
+    if INTERLEAVE:  # tiles split, split + active, ...: kernels/interleaved_kv_tiles.py
         m_i, l_i, acc = attend_interleaved_tiles(
-            q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, split, num_splits, ctx, max_tokens,
+            q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, split, active, ctx, max_tokens,
             qk_scale, stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
         )  # fmt: skip
     else:
         # Contiguous splits divide this sequence's own length, so every program of a sequence gets equal work.
-        split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+        split_len = tl.cdiv(tl.cdiv(ctx, active), BLOCK_N) * BLOCK_N
         start = split * split_len
         end = tl.minimum(start + split_len, ctx)
         m_i, l_i, acc = attend_paged_kv(
@@ -159,8 +162,8 @@ def _decode_split_kernel(
             last_split_merges(
                 counters_ptr + seq * tl.num_programs(1) + kv_head, part_out_ptr, part_lse_ptr,
                 out_ptr + seq * stride_os + first_head * stride_oh,
-                (seq * (QUERIES_PER_KV * tl.num_programs(1)) + first_head) * num_splits, num_splits, stride_oh,
-                QUERIES_PER_KV, Q_PAD, HEAD_DIM, REDUCE_TILE,
+                (seq * (QUERIES_PER_KV * tl.num_programs(1)) + first_head) * num_splits, num_splits, active,
+                stride_oh, QUERIES_PER_KV, Q_PAD, HEAD_DIM, REDUCE_TILE,
             )  # fmt: skip
 
 
@@ -266,6 +269,7 @@ def paged_decode_attention(
     reduce_tile: int = 32,
     counters: torch.Tensor | None = None,
     interleave: bool = False,
+    min_split_tokens: int = 1,
 ) -> torch.Tensor:  # [num_seqs, num_q_heads, head_dim], q.dtype
     """Attention of one query token per sequence over `context_lens[s]` cached tokens (tokens 0..n-1).
 
@@ -282,6 +286,9 @@ def paged_decode_attention(
     concurrently). False: a second kernel merges them (the two-kernel path, also taken past the default
     buffer's size). `interleave`: split s reads tiles s, s + num_splits, ... of BLOCK_N tokens rather than
     one contiguous run (its first block-table load then does not wait for the context length).
+    `min_split_tokens` (>= 1): only ceil(context_lens[s] / min_split_tokens) of the num_splits programs
+    (at least 1) read KV, so a graph captured at the full model length splits a short context less (and
+    the fused merge reads fewer partials); 1 leaves every split that has a tile working.
     Raises ValueError on bad shapes, dtypes or layouts.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES)
@@ -323,12 +330,14 @@ def paged_decode_attention(
             num_seqs, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
         )
         part_lse = torch.empty(num_seqs, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    if min_split_tokens < 1:
+        raise ValueError(f"min_split_tokens must be >= 1, got {min_split_tokens}")
     if not is_power_of_two(reduce_tile):
         raise ValueError(f"reduce_tile must be a power of two, got {reduce_tile}")
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
         counters if fused else context_lens,  # the latter unused
-        float(scale) * k_scale, float(v_scale), num_splits, block_tables.shape[1] * block_size,
+        float(scale) * k_scale, float(v_scale), num_splits, block_tables.shape[1] * block_size, min_split_tokens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         QUERIES_PER_KV=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,

@@ -35,14 +35,15 @@ def split_counters(device: torch.device) -> torch.Tensor:
 
 @triton.jit
 def last_split_merges(
-    counter_ptr, part_out_ptr, part_lse_ptr, out_ptr, row0, num_splits, stride_oh,
+    counter_ptr, part_out_ptr, part_lse_ptr, out_ptr, row0, num_splits, num_merged, stride_oh,
     QUERIES_PER_KV: tl.constexpr, Q_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, REDUCE_TILE: tl.constexpr,
 ):  # fmt: skip
     """Called by every split program after storing its partials. `counter_ptr`: this (sequence, kv head)'s
     int32 counter; `row0`: the partial row of its first query head's split 0 (rows are [query head, split],
     each HEAD_DIM fp32; the group's QUERIES_PER_KV heads are consecutive); `out_ptr`: its first query head's
-    output row. The last program merges REDUCE_TILE splits per round of loads (one round when num_splits <=
-    REDUCE_TILE) with an online log-sum-exp; empty splits (lse -inf) weigh 0, an empty context gives 0."""
+    output row. All num_splits programs count; the last merges splits 0..num_merged-1 (those that read KV),
+    REDUCE_TILE per round of loads (one round when num_merged <= REDUCE_TILE) with an online log-sum-exp;
+    empty splits (lse -inf) weigh 0, an empty context gives 0."""
     tl.debug_barrier()  # all of this program's partial stores happen before the release of the ticket
     ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
     if ticket == num_splits - 1:
@@ -54,9 +55,9 @@ def last_split_merges(
         m = tl.full([Q_PAD], float("-inf"), dtype=tl.float32)
         total = tl.zeros([Q_PAD], dtype=tl.float32)
         acc = tl.zeros([Q_PAD, HEAD_DIM], dtype=tl.float32)
-        for s0 in range(0, num_splits, REDUCE_TILE):
+        for s0 in range(0, num_merged, REDUCE_TILE):
             split = s0 + offs_s
-            mask = g_mask[:, None] & (split < num_splits)[None, :]  # [Q_PAD, REDUCE_TILE]
+            mask = g_mask[:, None] & (split < num_merged)[None, :]  # [Q_PAD, REDUCE_TILE]
             rows = row0 + offs_g[:, None] * num_splits + split[None, :]
             lse = tl.load(part_lse_ptr + rows, mask=mask, other=float("-inf"), cache_modifier=".cg")
             part = tl.load(part_out_ptr + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :],

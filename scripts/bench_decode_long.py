@@ -4,7 +4,8 @@ max_context_len 131,072 (what the engine's graphs pass at llama-3.1-8b's full co
 variants of VARIANTS in the same run: `two_kernel` (6e21304's path: split kernel, then a reduce kernel),
 `fused` (the launcher's default: the split kernel's last program per sequence and kv head merges, one
 launch), `fused_32` (fused, at most 32 splits: one round of loads in the merge) and `fused_interleaved`
-(fused, split s reading tiles s, s + splits, ...: its first block-table load does not wait for the length).
+(fused, split s reading tiles s, s + splits, ...: its first block-table load does not wait for the length),
+`fused_mst512` (fused, one active split per 512 tokens of the actual context: 32 at 16k, all 132 from 66k).
 Reports KV bytes read over the measured device-to-device copy bandwidth; issue 21's target is >= 70% at
 batch 1-4, 16k-128k.
 Every case also checks fused against two_kernel (max |diff|), and batch 1 at 16k against the torch reference.
@@ -13,7 +14,7 @@ Every case also checks fused against two_kernel (max |diff|), and batch 1 at 16k
 empty contexts (no KV read: launch, ramp and merge only).
 
 Usage: python scripts/bench_decode_long.py --out benchmarks/results/decode_long_h200.json [--sweep]
-(about 70 s on an H200: JIT of the variants, 48 graph timings, diagnostics). `--sweep` adds
+(about 80 s on an H200: JIT of the variants, 60 graph timings, diagnostics). `--sweep` adds
 decode_long_sweep.py (variant x splits x reduce tile at batch 1 16k / 128k, kernel configs at 16k, splits
 at batch 2 / 4: about 90 timings and 30 compiles, about 120 s more).
 """
@@ -56,6 +57,7 @@ VARIANTS = {
     "fused": lambda b: dict(num_splits=heuristic_splits(b), fuse_reduce=True),
     "fused_32": lambda b: dict(num_splits=min(32, heuristic_splits(b)), fuse_reduce=True, reduce_tile=32),
     "fused_interleaved": lambda b: dict(num_splits=heuristic_splits(b), fuse_reduce=True, interleave=True),
+    "fused_mst512": lambda b: dict(num_splits=heuristic_splits(b), fuse_reduce=True, min_split_tokens=512),
 }
 
 

@@ -4,9 +4,11 @@
      splits, default config;
   B. batch 1 at 16k: kernel configs (BLOCK_N x pipeline stages x warps) for two_kernel at 132 splits and
      fused at 32 and 132 splits (132 also interleaved);
-  C. batch 2 and 4 at 16k: fused at 16-66 splits.
+  C. batch 2 and 4 at 16k: fused at 16-66 splits;
+  D. batch 1 at 16k / 32k / 128k: fused at 132 programs with min_split_tokens 128-1024 (active splits from
+     each context's own length), contiguous and interleaved.
 Each timing is a median of CUDA graph replays (rep 25 ms); a config that fails to compile (shared memory,
-registers) is recorded with its error. About 90 timings and 30 compiles: about 120 s on an H200.
+registers) is recorded with its error. About 115 timings and 30 compiles: about 130 s on an H200.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ PATHS_B = [dict(fuse_reduce=False, num_splits=132), dict(fuse_reduce=True, num_s
            dict(fuse_reduce=True, num_splits=132), dict(fuse_reduce=True, num_splits=132, interleave=True)]
 SPLITS_C = {2: (16, 32, 66), 4: (16, 32, 33)}
 CONTEXTS = (16384, 131072)  # A at both, B at the first, C at the first
+CONTEXTS_D, MIN_SPLIT_TOKENS_D = (16384, 32768, 131072), (128, 256, 512, 1024)
 
 
 def timed(case: Case, label: dict, **kw) -> dict:
@@ -56,6 +59,14 @@ def sweep(copy_gbs: float, gen) -> list[dict]:
         for splits in splits_list:
             rows.append(timed(case, {"part": "C", "batch": batch, "context": CONTEXTS[0]}, num_splits=splits,
                               fuse_reduce=True))
+        del case
+        torch.cuda.empty_cache()
+    for ctx in CONTEXTS_D:
+        case = Case(1, ctx, copy_gbs, gen)
+        for interleave in (False, True):
+            for mst in MIN_SPLIT_TOKENS_D:
+                rows.append(timed(case, {"part": "D", "batch": 1, "context": ctx}, num_splits=132,
+                                  fuse_reduce=True, interleave=interleave, min_split_tokens=mst))
         del case
         torch.cuda.empty_cache()
     return rows

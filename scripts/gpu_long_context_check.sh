@@ -29,7 +29,7 @@ timeout 150 $PY -m pytest tests/kernels/test_paged_decode_attention.py -q -p no:
 
 step "decode at small batch, long context (CUDA graphs)"
 timeout 330 $PY scripts/bench_decode_long.py ${SWEEP:+--sweep} --out "$OUT/decode_long_h200_${COMMIT}.json" 2>&1 \
-  | grep -v '^{' | tail -24 \
+  | grep -v '^{' | tail -40 \
   | tee "$OUT/bench_decode_long_${COMMIT}.log"
 
 if [ -n "${DECODE_ONLY:-}" ]; then echo "== done in $(( $(date +%s) - started )) s"; exit 0; fi

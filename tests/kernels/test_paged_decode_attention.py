@@ -63,6 +63,25 @@ def test_fused_and_two_kernel_merges_match_reference(device, fuse, interleave, c
     assert counters.tolist() == [0] * counters.numel()
 
 
+@pytest.mark.parametrize("fuse,interleave", [(True, False), (False, False), (True, True)])
+def test_min_split_tokens_splits_each_context_by_its_length(device, fuse, interleave):
+    """16 programs per sequence, one active split per 128 tokens of each context (6, 1, 1, 3): the
+    inactive programs read nothing and the merge skips them; equal to the reference either way."""
+    gen = torch.Generator().manual_seed(5)
+    lens_list = [700, 50, 0, 257]
+    k_cache, v_cache, bt, lens = make_paged_kv(lens_list, 2, 32, 16, torch.float32, device, gen=gen)
+    q = torch.randn(4, 4, 32, generator=gen).to(device)
+    counters = torch.zeros(8, dtype=torch.int32, device=device)
+    out = poisoned(q.shape, q.dtype, device)
+    paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.2, out=out, num_splits=16, block_n=32,
+                           fuse_reduce=fuse, interleave=interleave, min_split_tokens=128, counters=counters)
+    ref = torch.where(lens[:, None, None] > 0, paged_decode_attention_ref(q, k_cache, v_cache, bt, lens, 0.2), 0.0)
+    assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
+    assert counters.tolist() == [0] * 8
+    with pytest.raises(ValueError, match="min_split_tokens"):
+        paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.2, num_splits=16, min_split_tokens=0)
+
+
 def test_fused_merge_counts_every_split(device):
     """A counter left at 1 makes the second-to-last program merge (one partial missing, the output off) and
     the buffer comes back non-zero: the reset at the end of each launch is what keeps replays right."""
