@@ -4,7 +4,8 @@ same file.
 
     python -m case_batch_summarisation.loadtest.h200_row case_batch_summarisation/the_fix/offline_h200_<sha>.json
     python -m case_batch_summarisation.loadtest.h200_row FILE --calibrate   # + copies FILE to
-        # the_fix/offline_h200.json (the cost model's default) and rewrites cost_model.json from it
+        # the_fix/offline_h200.json (the cost model's default; the file it replaces is kept as
+        # offline_h200_<its commit>.json) and rewrites cost_model.json from it
     python -m case_batch_summarisation.loadtest.h200_row FILE_gpu0 FILE_gpu1 [--calibrate]  # GPUS=2
 
 A run stopped by its time limit (`partial_run` in the file) prints what it reached and is refused for
@@ -96,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         slowest = min(zip(runs, args.files), key=lambda x: x[0]["run"]["rows_per_s"])[1]
         target = CASE_DIR / "the_fix" / "offline_h200.json"
         if slowest.resolve() != target.resolve():
+            if target.exists():  # the run it replaces keeps its file, named by its commit
+                old = json.loads(target.read_text())
+                keep = target.with_name(f"offline_h200_{old['commit'][:7]}.json")
+                if not keep.exists():
+                    target.rename(keep)
+                    print(f"kept the previous calibration run as {keep.name}")
             shutil.copyfile(slowest, target)
         sys.path.insert(0, str(ROOT))
         from case_batch_summarisation import cost_model
