@@ -362,7 +362,9 @@ class ModelRunner:
         """Rank 0's rejection sampler; the other ranks receive its emitted tokens `[num_sampled, k + 1]` by
         broadcast (as `_sample`)."""
         if self.is_driver:
-            emitted, raw_logprobs = self.rejection_sampler.sample(logits, requests, drafts)
+            # a draft model's q for its sampled drafts (None: every draft one-hot)
+            q = None if self.draft_runner is None else self.draft_runner.draft_probs(requests, drafts)
+            emitted, raw_logprobs = self.rejection_sampler.sample(logits, requests, drafts, q)
         else:
             k = max(len(d) for d in drafts)
             emitted, raw_logprobs = torch.empty((len(requests), k + 1), dtype=torch.long, device=self.device), None

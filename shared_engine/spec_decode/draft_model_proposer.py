@@ -55,3 +55,6 @@ class DraftModelProposer(Proposer):
         if self._block_manager is None:
             raise RuntimeError("DraftModelProposer.bind(block_manager) must run before the first proposal")
         return self.draft.propose(requests, caps, self._block_manager.get_block_table)
+
+    def release(self, request_id: str) -> None:
+        self.draft.release(request_id)

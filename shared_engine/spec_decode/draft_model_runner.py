@@ -23,9 +23,11 @@ Two kinds of forward pass write it:
   is its live block table followed by `ceil(k / block_size)` scratch blocks of its own; what the steps write
   there is dropped, and the next step's mirror writes the verified positions into the real blocks.
 
-Drafts are the draft model's greedy tokens (one-hot q): exact under verification for every sampling setting
-(the rejection sampler's one-hot path, as for n-gram drafts). The next input is read on the device (the
-placeholder path of async scheduling), so a proposal waits for the device once, for all k steps. On CUDA
+Drafts (`draft_sampling.py`): a greedy request's are the draft model's argmax (one-hot q); a random
+request's are drawn from the draft's distribution q under the request's temperature / top-k / top-p / min-p,
+and that q goes to the rejection sampler (`draft_probs`), so verification stays exact for both. The next
+input is read on the device (the placeholder path of async scheduling), so a proposal waits for the device
+once, for all k steps. On CUDA
 both kinds of forward replay the draft's own CUDA graphs where a step fits one (decode graphs for proposals;
 decode, mixed and varlen graphs for the mirror), captured like the target's (`ModelRunner.capture_cuda_graphs`)
 once its cache is allocated; their memory pool is not in the memory profile.
@@ -41,6 +43,7 @@ import torch
 from shared_engine.config.lora_config import LoRAConfig
 from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared_engine.model_executor.input_builder import StepInputs, build_inputs
+from shared_engine.spec_decode.draft_sampling import DraftSampler
 
 logger = logging.getLogger("shared_engine")
 
@@ -77,6 +80,8 @@ class DraftModelRunner:
         self.num_caught_up_tokens = 0  # positions recomputed before proposals (`_catch_up`)
         self.num_proposal_steps = 0  # decode-shaped draft forwards of proposals
         self.stale_blocks: set[int] = set()  # block ids whose draft KV is not valid
+        self.sampler = DraftSampler(engine_config.model.seed)
+        self.num_sampled_drafts = 0  # draft tokens drawn at random (temperature > 0), with their q
         logger.info("Draft model %s loaded (%s weights, %d layers, %s, %s) in %.1f s", source.name,
                     "dummy" if dummy else "real", source.arch.num_layers, self.runner.dtype_name, self.device,
                     self.runner.load_seconds)
@@ -176,8 +181,8 @@ class DraftModelRunner:
 
     @torch.inference_mode()
     def propose(self, requests: list, caps: list[int], block_table) -> list[list[int]]:
-        """Up to caps[i] greedy draft tokens for each request (decoding: its last token known, not computed);
-        `block_table(request_id)` is its live block table.
+        """Up to caps[i] draft tokens for each request (decoding: its last token known, not computed), its
+        argmax or drawn from q (`DraftSampler`); `block_table(request_id)` is its live block table.
 
         Raises:
             RuntimeError: more requests than the scratch blocks were sized for (max_num_seqs).
@@ -212,13 +217,27 @@ class DraftModelRunner:
             inputs = build_inputs(SchedulerOutput(items, num_batched_tokens=len(items)), self.block_size, self.device)
             inputs.patch_placeholders(previous)
             hidden = self._forward(inputs)
-            previous = self.model.compute_logits(hidden[inputs.sample_indices]).argmax(dim=-1)  # [len(active)]
-            outputs.append((active, previous))
+            logits = self.model.compute_logits(hidden[inputs.sample_indices])  # [len(active), vocab]
+            previous, random, q = self.sampler.draw(logits, [requests[i] for i in active])  # [len(active)]
+            outputs.append((active, previous, random, q))
             self.num_proposal_steps += 1
-        tokens = torch.cat([t for _, t in outputs]).tolist()  # the one wait for the device
+        tokens = torch.cat([t for _, t, _, _ in outputs]).tolist()  # the one wait for the device
         offset = 0
-        for indices, _ in outputs:
+        q_rows: dict[int, list[torch.Tensor]] = {}
+        for indices, _, random, q in outputs:
             for i, token in zip(indices, tokens[offset:offset + len(indices)]):
                 drafts[i].append(token)
+            for row, position in enumerate(random):
+                q_rows.setdefault(indices[position], []).append(q[row])
             offset += len(indices)
+        for i, rows_of_q in q_rows.items():
+            self.sampler.keep(requests[i].request_id, drafts[i], rows_of_q)
+            self.num_sampled_drafts += len(rows_of_q)
         return drafts
+
+    def draft_probs(self, requests: list, drafts: list[list[int]]) -> torch.Tensor | None:
+        """q for the rejection sampler (`DraftSampler.draft_probs`), or None when every draft is one-hot."""
+        return self.sampler.draft_probs(requests, drafts)
+
+    def release(self, request_id: str) -> None:
+        self.sampler.release(request_id)
