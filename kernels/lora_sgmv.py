@@ -34,6 +34,9 @@ import triton.language as tl
 from kernels._checks import FLOAT_DTYPES, check_same_device, check_tensor
 
 TILE_M = 16  # tokens per tile (tl.dot needs at least 16 rows)
+# tokens per tile for large eager steps (prefill chunks: segments of hundreds of one adapter's tokens), where
+# 16-token tiles re-read each adapter's A and B every 16 tokens and launch 4x the programs
+PREFILL_TILE_M = 64
 _BLOCK_K = 64  # in_features per shrink loop step
 _BLOCK_N = 128  # output columns per expand program
 _MAX_BLOCK_R = 64  # rank rows per shrink program (larger ranks: several rank blocks)
@@ -202,12 +205,14 @@ def _sgmv_expand_kernel(y_ptr, s_ptr, b_ptr, ranks_ptr, tokens_ptr, tiles_ptr, o
 
 # ---- launchers ------------------------------------------------------------------------------------------
 def _check_meta(tokens: torch.Tensor, tiles: torch.Tensor, ranks: torch.Tensor, num_tokens: int, num_slices: int,
-                num_slots: int) -> int:
-    """Validate the metadata; returns the grid's tile count for `num_tokens` tokens."""
+                num_slots: int, tile_m: int) -> int:
+    """Validate the metadata; returns the grid's tile count for `num_tokens` tokens in tiles of `tile_m`."""
     check_tensor("tokens", tokens, 1, (torch.int32,))
     check_tensor("tiles", tiles, 2, (torch.int32,))
     check_tensor("ranks", ranks, 2, (torch.int32,))
-    grid_tiles = max_tiles(num_tokens, num_slots)
+    if tile_m not in (TILE_M, PREFILL_TILE_M):
+        raise ValueError(f"tile_m must be {TILE_M} or {PREFILL_TILE_M}, got {tile_m}")
+    grid_tiles = max_tiles(num_tokens, num_slots, tile_m)
     if tokens.shape[0] < num_tokens:
         raise ValueError(f"tokens must have >= {num_tokens} entries, got {tokens.shape[0]}")
     if tiles.shape[0] != 3 or tiles.shape[1] < grid_tiles:
@@ -223,6 +228,10 @@ def _fp32_dot(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or _INTERPRET
 
 
+def _num_warps(tile_m: int) -> int:
+    return 4 if tile_m <= TILE_M else 8  # a 64-token tile's [64, 128] fp32 expand tile over 8 warps
+
+
 def _block_r(max_rank: int) -> int:
     return min(_MAX_BLOCK_R, max(16, triton.next_power_of_2(max_rank)))
 
@@ -232,8 +241,9 @@ def sgmv_shrink(
     a: torch.Tensor,  # [num_slices, num_slots, max_rank, in_features], last dim contiguous
     ranks: torch.Tensor,  # [num_slices, num_slots] int32: each slot's rank per slice (0: not targeted)
     tokens: torch.Tensor,  # [>= T] int32 (build_tiles)
-    tiles: torch.Tensor,  # [3, >= max_tiles(T, num_slots)] int32 (build_tiles)
+    tiles: torch.Tensor,  # [3, >= max_tiles(T, num_slots, tile_m)] int32 (build_tiles with tile_m)
     reduce: bool = True,
+    tile_m: int = TILE_M,  # the tiles' token count (build_tiles'): TILE_M or PREFILL_TILE_M
 ) -> torch.Tensor:  # [num_slices, T, max_rank] fp32; reduce False: [splits, num_slices, T, max_rank]
     """`out[i, t, :rank] = A[i, slot(t), :rank] @ x[t]` for every token in a tile (fp32 accumulation); rows
     of tokens in no tile (base model, padding) and columns past the rank are undefined. `reduce` False
@@ -245,7 +255,7 @@ def sgmv_shrink(
     num_slices, num_slots, max_rank, a_in = a.shape
     if a_in != in_features:
         raise ValueError(f"a's in_features {a_in} != x's {in_features}")
-    grid_tiles = _check_meta(tokens, tiles, ranks, num_tokens, num_slices, num_slots)
+    grid_tiles = _check_meta(tokens, tiles, ranks, num_tokens, num_slices, num_slots, tile_m)
     check_same_device(x=x, a=a, ranks=ranks, tokens=tokens, tiles=tiles)
     if not num_tokens:
         empty = torch.zeros(1, num_slices, 0, max_rank, dtype=torch.float32, device=x.device)
@@ -263,8 +273,9 @@ def sgmv_shrink(
     grid = (grid_tiles, num_slices * rank_blocks, splits)
     _sgmv_shrink_kernel[grid](x, a, ranks, tokens, tiles, partial, in_features, k_chunk, rank_blocks,
                               tiles.stride(0), x.stride(0), a.stride(0), a.stride(1), a.stride(2), ranks.stride(0),
-                              partial.stride(0), partial.stride(1), partial.stride(2), BLOCK_M=TILE_M,
-                              BLOCK_R=block_r, BLOCK_K=_BLOCK_K, FP32_DOT=_fp32_dot(x.dtype), num_warps=4)
+                              partial.stride(0), partial.stride(1), partial.stride(2), BLOCK_M=tile_m,
+                              BLOCK_R=block_r, BLOCK_K=_BLOCK_K, FP32_DOT=_fp32_dot(x.dtype),
+                              num_warps=_num_warps(tile_m))
     if not reduce:
         return partial
     return partial[0] if splits == 1 else partial.sum(0)
@@ -279,6 +290,7 @@ def sgmv_expand(
     tiles: torch.Tensor,  # [3, >= max_tiles(T, num_slots)] int32
     offsets: torch.Tensor,  # [num_slices + 1] int32 on the device: slice i is columns offsets[i]:offsets[i+1]
     max_slice: int,  # the widest slice's columns (sizes the grid; no device read)
+    tile_m: int = TILE_M,  # the tiles' token count (as for sgmv_shrink)
 ) -> torch.Tensor:
     """`y[t, slice i] += B[slot(t), :rank, slice i]^T s[i, t, :rank]` for every token in a tile (fp32
     accumulation, rounded once to y.dtype); other rows untouched. Raises ValueError on bad shapes."""
@@ -295,13 +307,13 @@ def sgmv_expand(
         raise ValueError(f"shapes disagree: y {tuple(y.shape)}, s {tuple(s.shape)}, b {tuple(b.shape)}")
     if offsets.shape[0] != num_slices + 1 or not 0 < max_slice <= out_features:
         raise ValueError(f"offsets must have {num_slices + 1} entries and max_slice in [1, {out_features}]")
-    grid_tiles = _check_meta(tokens, tiles, ranks, num_tokens, num_slices, num_slots)
+    grid_tiles = _check_meta(tokens, tiles, ranks, num_tokens, num_slices, num_slots, tile_m)
     check_same_device(y=y, s=s, b=b, ranks=ranks, tokens=tokens, tiles=tiles, offsets=offsets)
     if num_tokens:
         grid = (grid_tiles, triton.cdiv(max_slice, _BLOCK_N), num_slices)
         _sgmv_expand_kernel[grid](y, s, b, ranks, tokens, tiles, offsets, tiles.stride(0), y.stride(0),
                                   s.stride(0), s.stride(1), s.stride(2), b.stride(0), b.stride(1), ranks.stride(0),
-                                  BLOCK_M=TILE_M, NUM_SPLITS=s.shape[0],
+                                  BLOCK_M=tile_m, NUM_SPLITS=s.shape[0],
                                   BLOCK_N=_BLOCK_N, BLOCK_R=_EXPAND_BLOCK_R, FP32_DOT=_fp32_dot(b.dtype),
-                                  num_warps=4)
+                                  num_warps=_num_warps(tile_m))
     return y

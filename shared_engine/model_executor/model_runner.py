@@ -24,7 +24,7 @@ from shared_engine.model_executor.cuda_graph_runner import (
 from shared_engine.model_executor.input_builder import build_inputs
 from shared_engine.model_executor.kv_offloader import STAGING_BYTES, KVOffloader
 from shared_engine.model_executor.layers.fp8_linear import FP8_DTYPE, check_fp8_supported, quantize_linear_layers
-from shared_engine.model_executor.layers.lora import LORA_ALL, LORA_ATTENTION
+from shared_engine.model_executor.layers.lora import LORA_ALL, LORA_ATTENTION, step_tile_m
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
 from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_entries
@@ -291,7 +291,7 @@ class ModelRunner:
         if token_slots is not None:  # the LoRA slot map in the rows the step runs in (a graph's padded layout)
             if key is not None:
                 token_slots = self.graph_runner.pad_rows(key, inputs.meta.num_decodes, token_slots, -1)
-            self.lora.ctx.set_token_slots(token_slots)
+            self.lora.ctx.set_token_slots(token_slots, step_tile_m(num_tokens, graphed=key is not None))
         if key is not None:
             hidden = self.graph_runner.run(key, inputs.input_ids, inputs.positions, inputs.meta)
             self.graph_steps += 1

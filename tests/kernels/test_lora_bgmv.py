@@ -69,7 +69,7 @@ def test_real_shapes_bf16_on_gpu(num_tokens, in_features, out_features, rank):
     torch.testing.assert_close(y.float(), expected, rtol=2e-2, atol=0.5)
 
 
-@pytest.mark.parametrize("kernel", ["sgmv", "bgmv"])
+@pytest.mark.parametrize("kernel", ["sgmv", "sgmv_tiles64", "bgmv"])
 def test_lora_layer_kernel_path_equals_torch_path(kernel, device):
     """The model's LoRA layer gives the same output through either kernel as through the masked torch path
     (fused q/k/v slices of unequal widths, adapters of different ranks, an untargeted slice, an empty slot,
@@ -91,7 +91,10 @@ def test_lora_layer_kernel_path_equals_torch_path(kernel, device):
         ctx.set_token_slots(torch.tensor(slots))
         x, base = (torch.randn(len(slots), n, generator=g).to(dev) for n in (24, 32))
         expected = layer(x, base.clone())
-        ctx.kernel = kernel
+        ctx.kernel = kernel.split("_")[0]
+        if kernel == "sgmv_tiles64":  # an eager prefill step's 64-token tiles
+            ctx.set_token_slots(torch.tensor(slots), tile_m=64)
+            assert ctx.tile_m == 64
         got = layer(x, base.clone())
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
         on_base = torch.tensor(slots, device=dev) == -1

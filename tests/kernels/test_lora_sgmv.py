@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernels.lora_sgmv import (
+    PREFILL_TILE_M,
     TILE_M,
     build_tiles,
     max_tiles,
@@ -32,9 +33,10 @@ def case(token_slots, in_features, slice_sizes, ranks, dtype, seed=0, device="cp
     return x, a, b, ranks_t.to(device)
 
 
-def meta(token_slots, num_slots, device, token_cap=None, tile_cap=None):
+def meta(token_slots, num_slots, device, token_cap=None, tile_cap=None, tile_m=TILE_M):
     n = len(token_slots)
-    tokens, tiles = build_tiles(np.asarray(token_slots), token_cap or n, tile_cap or max(1, max_tiles(n, num_slots)))
+    tokens, tiles = build_tiles(np.asarray(token_slots), token_cap or n, tile_cap or max(1, max_tiles(n, num_slots)),
+                                tile_m)
     offsets = None
     return torch.from_numpy(tokens).to(device), torch.from_numpy(tiles).to(device), offsets
 
@@ -96,6 +98,34 @@ def test_shrink_expand_match_reference(token_slots, in_features, slice_sizes, ra
         assert not torch.equal(y, before)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_tiles_of_64_tokens_equal_tiles_of_16(dtype, device):
+    """Eager prefill steps use 64-token tiles: segments of 150 and 70 tokens on two adapters (3 and 2
+    tiles, the last ones partial), a few decodes of a third and base tokens; same values as 16-token tiles
+    (fp32: to rounding; bf16: the same products, summed in another order)."""
+    slots = [0] * 150 + [-1] * 5 + [2] * 3 + [1] * 70 + [-1, 2]
+    ranks = [[8, 16, 4], [8, 0, 4]]
+    x, a, b, ranks_t = case(slots, 96, [40, 24], ranks, dtype, seed=3, device=device)
+    y0 = torch.randn(len(slots), 64).to(device, dtype)
+    outs = []
+    for tile_m in (TILE_M, PREFILL_TILE_M):
+        tokens, tiles, _ = meta(slots, 3, device, tile_m=tile_m)
+        assert int((tiles[0] >= 0).sum()) == (10 + 5 + 1 if tile_m == TILE_M else 3 + 2 + 1)
+        s = sgmv_shrink(x, a, ranks_t, tokens, tiles, reduce=False, tile_m=tile_m)
+        y = y0.clone()
+        sgmv_expand(y, s, b, ranks_t, tokens, tiles, offsets_of([40, 24], device), 40, tile_m=tile_m)
+        outs.append(y)
+    ref_s = sgmv_shrink_ref(x, a, ranks_t, torch.tensor(slots, device=device))
+    expected = sgmv_expand_ref(y0, ref_s, b, ranks_t, torch.tensor(slots, device=device), [40, 24])
+    tol = dict(rtol=1e-4, atol=1e-3) if dtype == torch.float32 else dict(rtol=3e-2, atol=0.5)
+    torch.testing.assert_close(outs[1].float(), expected.float(), **tol)
+    torch.testing.assert_close(outs[1].float(), outs[0].float(), **tol)
+    base = torch.tensor(slots, device=device) < 0
+    assert torch.equal(outs[1][base], y0[base])
+    with pytest.raises(ValueError, match="tile_m"):
+        sgmv_shrink(x, a, ranks_t, tokens, tiles, tile_m=32)
+
+
 def test_graph_style_fixed_buffers_with_padding(device):
     """A graph bucket of 24 rows with 13 real tokens: buffers sized for 64 tokens and every tile a
     bucket of that size may need, padding rows (slot -1) and a stale tail must not be read or written."""
@@ -139,14 +169,17 @@ def test_bad_shapes_are_value_errors(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens,in_features,slice_sizes,ranks", [
-    (240, 4096, [4096, 1024, 1024], [16] * 30),  # the benchmark's decode batch: qkv, 30 rank-16 adapters
-    (2048, 4096, [14336, 14336], [8, 16, 64] * 10),  # a prefill chunk, gate/up, mixed ranks
-    (1, 14336, [4096], [16] * 30),  # batch-1 down_proj (split-K)
-    (300, 4096, [4096], [128, 16] * 2),  # ranks over one rank block
+@pytest.mark.parametrize("num_tokens,in_features,slice_sizes,ranks,tile_m", [
+    (240, 4096, [4096, 1024, 1024], [16] * 30, TILE_M),  # the benchmark's decode batch: qkv, 30 rank-16 adapters
+    (2048, 4096, [14336, 14336], [8, 16, 64] * 10, TILE_M),  # a prefill chunk, gate/up, mixed ranks
+    (8192, 4096, [4096, 1024, 1024], [16] * 30, PREFILL_TILE_M),  # the benchmark's eager prefill step, qkv
+    (2048, 4096, [14336, 14336], [8, 16, 64] * 10, PREFILL_TILE_M),
+    (1, 14336, [4096], [16] * 30, TILE_M),  # batch-1 down_proj (split-K)
+    (300, 4096, [4096], [128, 16] * 2, TILE_M),  # ranks over one rank block
 ])
-def test_real_shapes_bf16_on_gpu(num_tokens, in_features, slice_sizes, ranks):
-    """llama-3.1-8b projections in bf16 against an fp32 einsum reference; a fifth of the tokens on the base."""
+def test_real_shapes_bf16_on_gpu(num_tokens, in_features, slice_sizes, ranks, tile_m):
+    """llama-3.1-8b projections in bf16 against an fp32 einsum reference; a fifth of the tokens on the base;
+    16-token tiles and the eager prefill steps' 64-token ones."""
     g = torch.Generator().manual_seed(num_tokens)
     num_slots, max_rank, num_slices = len(ranks), max(ranks), len(slice_sizes)
     slots = torch.randint(-1, num_slots, (num_tokens,), generator=g)
@@ -155,12 +188,12 @@ def test_real_shapes_bf16_on_gpu(num_tokens, in_features, slice_sizes, ranks):
     x = torch.randn(num_tokens, in_features, device="cuda").bfloat16()
     a = (torch.randn(num_slices, num_slots, max_rank, in_features, device="cuda") / 8).bfloat16()
     b = (torch.randn(num_slots, max_rank, sum(slice_sizes), device="cuda") / 8).bfloat16()
-    tokens, tiles, _ = meta(slots.tolist(), num_slots, "cuda")
+    tokens, tiles, _ = meta(slots.tolist(), num_slots, "cuda", tile_m=tile_m)
     y = torch.randn(num_tokens, sum(slice_sizes), device="cuda").bfloat16()
     expected = y.float().clone()
     valid = (slots >= 0).cuda()
     offsets = np.cumsum([0, *slice_sizes])
-    s = sgmv_shrink(x, a, ranks_t, tokens, tiles)
+    s = sgmv_shrink(x, a, ranks_t, tokens, tiles, tile_m=tile_m)
     for slot, rank in enumerate(ranks):  # the reference per slot (a per-token gather of A and B is GBs here)
         rows = (slots == slot).nonzero().flatten().cuda()
         for i in range(num_slices):
@@ -168,6 +201,6 @@ def test_real_shapes_bf16_on_gpu(num_tokens, in_features, slice_sizes, ranks):
             torch.testing.assert_close(s[i][rows][:, :rank], ref_s, rtol=1e-2, atol=0.1)
             lo, hi = offsets[i], offsets[i + 1]
             expected[rows, lo:hi] += ref_s @ b[slot, :rank, lo:hi].float()
-    sgmv_expand(y, s, b, ranks_t, tokens, tiles, offsets_of(slice_sizes, "cuda"), max(slice_sizes))
+    sgmv_expand(y, s, b, ranks_t, tokens, tiles, offsets_of(slice_sizes, "cuda"), max(slice_sizes), tile_m=tile_m)
     torch.testing.assert_close(y.float(), expected, rtol=3e-2, atol=0.5)
     assert torch.equal(y[~valid].float(), expected[~valid])

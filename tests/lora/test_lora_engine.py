@@ -96,6 +96,27 @@ def test_steps_run_only_the_projection_groups_their_adapters_target(llm, adapter
     check_idle(llm)
 
 
+def test_large_eager_steps_take_64_token_sgmv_tiles(llm, adapter_dirs, prompts, references, monkeypatch):
+    """The model runner asks for 64-token SGMV tiles in eager steps of at least PREFILL_TILE_ROWS rows (the
+    threshold lowered to the long prompt's length here) and 16-token ones otherwise (decodes, and CUDA
+    graphs, captured with 16); the output is unchanged (the CPU's torch path reads no tiles)."""
+    import shared_engine.model_executor.layers.lora as lora_layers
+    from kernels.lora_sgmv import PREFILL_TILE_M, TILE_M
+
+    assert lora_layers.step_tile_m(8192, graphed=True) == TILE_M and lora_layers.step_tile_m(1, False) == TILE_M
+    assert lora_layers.step_tile_m(lora_layers.PREFILL_TILE_ROWS, False) == PREFILL_TILE_M
+    monkeypatch.setattr(lora_layers, "PREFILL_TILE_ROWS", len(prompts[-1]))
+    ctx = llm.engine.runner.lora.ctx
+    seen = []
+    original = ctx.set_token_slots
+    monkeypatch.setattr(ctx, "set_token_slots", lambda slots, tile_m=None: seen.append((len(slots), tile_m)) or
+                        original(slots, tile_m))
+    out = llm.generate([prompts[-1]], GREEDY, use_tqdm=False, lora_request=lora(adapter_dirs, "all16", 61))  # cold
+    assert out[0].outputs[0].token_ids == references["all16"][-1]
+    assert seen[0] == (len(prompts[-1]), PREFILL_TILE_M) and all(t == TILE_M for n, t in seen[1:]), seen
+    assert ctx.tile_m == TILE_M
+
+
 def test_isolation_cached_tokens(llm, adapter_dirs, prompts, references):
     """The same long prompt on A, B, the base, then B again: each equals its own cold output; only B's
     second call hits the cache."""

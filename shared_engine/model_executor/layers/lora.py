@@ -38,6 +38,17 @@ from torch import nn
 # graph variants (the fourth element of a CUDA graph key; LORA_ALL == True, so keys built with True mean all)
 LORA_NONE, LORA_ALL, LORA_ATTENTION = 0, 1, 2
 ATTENTION_GROUPS = frozenset({"qkv", "o"})
+PREFILL_TILE_ROWS = 1024  # eager steps of at least this many token rows take 64-token SGMV tiles
+
+
+def step_tile_m(num_tokens: int, graphed: bool) -> int:
+    """The SGMV tile (tokens) for a step: `TILE_M` (16) in CUDA graphs, which were captured with it, and in
+    small eager steps (decodes: a few tokens per adapter); `PREFILL_TILE_M` (64) in eager steps of at least
+    PREFILL_TILE_ROWS rows (prefill chunks: long runs of one adapter's tokens, so each tile reads its
+    adapter's A and B for 64 tokens and a quarter of the programs launch)."""
+    from kernels.lora_sgmv import PREFILL_TILE_M, TILE_M
+
+    return TILE_M if graphed or num_tokens < PREFILL_TILE_ROWS else PREFILL_TILE_M
 
 
 class LoRAContext:
@@ -75,6 +86,7 @@ class LoRAContext:
         self._pin = torch.device(device).type == "cuda"
         self.active = False
         self.groups: frozenset[str] | None = None
+        self.tile_m = 16  # the SGMV tiles' token count in the buffers (set_token_slots)
 
     def runs(self, group: str) -> bool:
         """Whether a projection of `group` adds its LoRA in this step (or the graph being captured)."""
@@ -105,11 +117,15 @@ class LoRAContext:
         buffers), the driver may wait for the stream, i.e. for the step in flight (not profiled)."""
         return torch.empty(self._meta.shape[0], dtype=torch.int32, pin_memory=self._pin)
 
-    def set_token_slots(self, token_slots) -> None:
+    def set_token_slots(self, token_slots, tile_m: int | None = None) -> None:
         """`token_slots` [num_rows] int (numpy or a CPU tensor: each row's slot, -1 = base) → the fixed
         buffers, in one asynchronous host-to-device copy from pinned memory on CUDA (queued on the stream,
-        after the step in flight). Raises ValueError past `max_num_tokens` rows."""
-        from kernels.lora_sgmv import build_tiles
+        after the step in flight). `tile_m`: the SGMV tiles' token count (kernels/lora_sgmv.py; None:
+        `TILE_M`, which CUDA graphs are captured with; an eager step may take `PREFILL_TILE_M`). Raises
+        ValueError past `max_num_tokens` rows."""
+        from kernels.lora_sgmv import TILE_M, build_tiles
+
+        tile_m = tile_m or TILE_M
 
         if isinstance(token_slots, torch.Tensor):
             token_slots = token_slots.cpu().numpy()
@@ -120,11 +136,12 @@ class LoRAContext:
         all_base = not (slots >= 0).any()
         if all_base and self._all_base:
             return
+        self.tile_m = tile_m
         staged = self._staging()
         host = staged.numpy()
         host[:n] = slots
         host[n:cap] = -1
-        tokens, tiles = build_tiles(slots, cap, self.max_tiles)
+        tokens, tiles = build_tiles(slots, cap, self.max_tiles, tile_m)
         host[cap : 2 * cap] = tokens
         host[2 * cap :] = tiles.ravel()
         self._meta.copy_(staged, non_blocking=True)
@@ -189,9 +206,9 @@ class LoRAProjection(nn.Module):
         slots, rank, ctx = self.ctx.max_loras, self.max_rank, self.ctx
         a = self.lora_a.view(len(self.out_sizes), slots, rank, -1)
         # [splits, slices, T, rank] fp32 split-K partials, summed by the expand as it reads them
-        shrunk = sgmv_shrink(x, a, self.slot_ranks, ctx.sgmv_tokens, ctx.sgmv_tiles, reduce=False)
+        shrunk = sgmv_shrink(x, a, self.slot_ranks, ctx.sgmv_tokens, ctx.sgmv_tiles, reduce=False, tile_m=ctx.tile_m)
         return sgmv_expand(out, shrunk, self.lora_b_all.view(slots, rank, -1), self.slot_ranks, ctx.sgmv_tokens,
-                           ctx.sgmv_tiles, self.slice_offsets, max(self.out_sizes))
+                           ctx.sgmv_tiles, self.slice_offsets, max(self.out_sizes), tile_m=ctx.tile_m)
 
     def _forward_bgmv(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         from kernels.lora_bgmv import lora_expand, lora_shrink
