@@ -64,3 +64,24 @@ def mixed_batch() -> list[tuple[str, str, SamplingParams]]:
     cases += [("stop_str", NUMBERS, greedy(stop=["4,"])), ("stop_str_kept", NUMBERS, greedy(stop=["4,"],
               include_stop_str_in_output=True)), ("stop_id", NUMBERS, greedy(stop_token_ids=[37]))]
     return cases
+
+
+def write_tiny_llama(path: Path, weak_second_layer: float = 1.0):
+    """A 2-layer Llama of vocabulary 96 with peaked random weights (initializer_range 0.3, so its next-token
+    distributions are far from uniform), saved as a model directory at `path`; returns the transformers model
+    (fp32, eval) for exact reference distributions. `weak_second_layer` scales the second layer's output
+    projections (below 1 its first layer alone is a near, not equal, draft). Milliseconds per forward on the
+    CPU, where the default model takes tens: the sampling tests draw thousands of samples."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         initializer_range=0.3, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.o_proj.weight.mul_(weak_second_layer)
+        model.model.layers[1].mlp.down_proj.weight.mul_(weak_second_layer)
+    model.save_pretrained(path, safe_serialization=True)
+    return model.eval()

@@ -2,8 +2,11 @@
 speculation on, drawn through the rejection sampler (a benchmark `replay` proposer whose draft is the greedy
 token half of the time and a wrong token otherwise, so drafts are often rejected and the residual is drawn),
 follow the exact distribution computed from transformers' logits with a plain reference of temperature,
-top-p and top-k (chi-square goodness of fit, p > 0.01, first token and second token). Seeded requests repeat
-exactly with speculation on."""
+top-p and top-k (chi-square goodness of fit, p > 0.01, first token and second token). The model is a tiny
+2-layer Llama with peaked random weights (`spec_cases.write_tiny_llama`: the default model made each case take
+2-3 minutes on a loaded 2-core machine, for the same property of the sampler). Seeded requests repeat
+exactly with speculation on, given the same drafts (which tokens a step emits depends on its drafts, so a
+proposer whose drafts depend on other requests, as the suffix tree's do, makes a seeded output depend on them)."""
 
 from __future__ import annotations
 
@@ -13,8 +16,9 @@ import pytest
 import torch
 
 from shared_engine import LLM, SamplingParams
+from tests.engine.spec_cases import write_tiny_llama
 
-PROMPT = "The colour of the sky is"
+PROMPT = [5, 17, 33, 8, 61, 40]  # token ids of the tiny model
 SAMPLES = int(__import__("os").environ.get("SPEC_SAMPLES", 2000))
 # block_size 1: the samples share all but the prompt's last token from the prefix cache (1 of 6 tokens computed
 # per sample, then 2 in its speculative step), a quarter fewer token forwards than 4 (2 of 6 computed)
@@ -23,16 +27,20 @@ REPLAY = {"method": "replay", "num_speculative_tokens": 2, "policy": "always", "
 
 
 @pytest.fixture(scope="module")
-def hf_model(default_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    return path, write_tiny_llama(path)
 
 
 @pytest.fixture(scope="module")
-def engine():
-    on = LLM(**COMMON, speculative_config=REPLAY)
-    ids = on.get_tokenizer()(PROMPT)["input_ids"]
+def hf_model(tiny):
+    return tiny[1]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    on = LLM(str(tiny[0]), **COMMON, speculative_config=REPLAY)
+    ids = PROMPT
     spec, on.engine.spec = on.engine.spec, None  # the greedy continuation, speculation off, for the replay
     greedy = on.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0.0, max_tokens=4),
                          use_tqdm=False)[0].outputs[0].token_ids
@@ -100,6 +108,9 @@ def test_seeded_requests_repeat_with_speculation(engine):
     llm.engine.spec = spec
     spec.proposer.record(ids, greedy)
     params = [SamplingParams(temperature=1.0, seed=s, max_tokens=3) for s in range(6)]
+    # the same drafts each time (the replay's right-or-wrong stream restarted): a seeded request then repeats
+    spec.proposer.reseed(0)
     first = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": ids}] * 6, params, use_tqdm=False)]
+    spec.proposer.reseed(0)
     again = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": ids}] * 6, params, use_tqdm=False)]
     assert first == again and len({tuple(t) for t in first}) > 1

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-import torch
 
 from shared_engine import LLM, SamplingParams
+from tests.engine.spec_cases import write_tiny_llama
 
 PROMPT = [5, 17, 33, 8]
 SAMPLES = 2000
@@ -24,20 +24,10 @@ SAMPLES = 2000
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from shared_engine.model_loader.layer_subset import write_layer_subset
 
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         initializer_range=0.3, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
     target = tmp_path_factory.mktemp("tiny-target")
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # a weak second layer: the first alone (the draft) is near the target, not equal
-        model.model.layers[1].self_attn.o_proj.weight.mul_(0.1)
-        model.model.layers[1].mlp.down_proj.weight.mul_(0.1)
-    model.save_pretrained(target, safe_serialization=True)
+    write_tiny_llama(target, weak_second_layer=0.1)  # its first layer alone: near the target, not equal
     draft = write_layer_subset(target, tmp_path_factory.mktemp("tiny-draft") / "draft", 1)
     # block_size 1: the samples share the prompt from the prefix cache
     return LLM(str(target), max_model_len=64, max_num_seqs=256, block_size=1, kv_cache_memory=32 * 2**20,
