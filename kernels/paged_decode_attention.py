@@ -225,8 +225,11 @@ SMALL_BATCH_PROGRAMS_PER_SM = 8
 MIN_SPLIT_TOKENS = 128  # two BLOCK_N tiles
 # Merge the splits in the split kernel (its last program per sequence and kv head) rather than in a second
 # kernel: one launch instead of two, no kernel boundary between them (issue 21: batch 1 at 16k paid ~10 us
-# of fixed cost per call with two).
-FUSE_REDUCE = True
+# of fixed cost per call with two). OFF by default: on the H200 at c518670 the fused path hit an illegal memory
+# access in scripts/bench_decode_long.py and its counter test failed (benchmarks/results/
+# decode_kernel_tests_h200_c518670.log, bench_decode_long_h200_c518670.log); the two-kernel merge stays the
+# served path until a GPU run passes.
+FUSE_REDUCE = False
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int = 132,

@@ -90,11 +90,13 @@ def test_fused_merge_counts_every_split(device):
     ref = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens, 0.2)
     counters = torch.zeros(1, dtype=torch.int32, device=device)
     for _ in range(2):  # twice on one buffer: a launch leaves it ready for the next
-        out = paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.2, num_splits=5, counters=counters)
+        out = paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.2, num_splits=5, counters=counters,
+                                     fuse_reduce=True)
         assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
     counters.fill_(1)
     q2 = torch.randn_like(q)  # a new query: a partial left over from the calls above would be wrong for it
-    out = paged_decode_attention(q2, k_cache, v_cache, bt, lens, 0.2, num_splits=5, counters=counters)
+    out = paged_decode_attention(q2, k_cache, v_cache, bt, lens, 0.2, num_splits=5, counters=counters,
+                                     fuse_reduce=True)
     assert counters.item() == 1
     ref2 = paged_decode_attention_ref(q2, k_cache, v_cache, bt, lens, 0.2)
     assert not torch.allclose(out, ref2, rtol=1e-3, atol=1e-3)
@@ -104,10 +106,10 @@ def test_fused_merge_rejects_bad_counters(device):
     k_cache, v_cache, bt, lens = make_paged_kv([40, 9], 2, 32, 16, torch.float32, device)
     q = torch.randn(2, 4, 32, device=device)
     with pytest.raises(ValueError, match="counters must hold >= 4"):
-        paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.1, num_splits=2,
+        paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.1, num_splits=2, fuse_reduce=True,
                                counters=torch.zeros(3, dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match="counters must have dtype"):
-        paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.1, num_splits=2,
+        paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.1, num_splits=2, fuse_reduce=True,
                                counters=torch.zeros(4, dtype=torch.int64, device=device))
     with pytest.raises(ValueError, match="reduce_tile"):
         paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.1, num_splits=2, reduce_tile=24)
