@@ -150,10 +150,12 @@ def main(argv=None) -> int:
                    help="h200: the random adapters (scripts/make_adapters.py random --ranks 8 16 64 --count 10)")
     p.add_argument("--duration-s", type=int, default=120)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--engine-config", type=Path, default=None,
+                   help="instead of the profile's config for the variant (a control run; the file records it)")
     args = p.parse_args(argv)
     variant, profile = VARIANTS[args.variant], PROFILES[args.profile]
     work = Path(tempfile.mkdtemp(prefix=f"multilora-{args.variant}-"))
-    config = yaml.safe_load((CASE_DIR / profile["configs"][variant["config"]]).read_text())
+    config = yaml.safe_load((args.engine_config or CASE_DIR / profile["configs"][variant["config"]]).read_text())
     if variant.get("base"):
         adapters = None
     elif args.profile == "cpu":
