@@ -41,7 +41,21 @@ def compare(runs: dict[str, dict]) -> dict:
             "output_tokens_per_s": s["output_tokens_per_s"],
             "throughput_vs_base": round(s["output_tokens_per_s"] / base, 3) if base else None,
             "well_behaved_statuses": wb["statuses"], "whale_statuses": whale["statuses"],
-            "num_preemptions": run["engine_metrics"].get("vllm:num_preemptions_total")}
+            "num_preemptions": run["engine_metrics"].get("vllm:num_preemptions_total"),
+            **burst_split(run)}
+    return out
+
+
+def burst_split(run: dict) -> dict:
+    """Well-behaved TTFT median and max (ms) for requests sent while the whales' burst was ON (the first half
+    of every burst period) and while it was OFF: where the whales' load lands."""
+    period = run["load"].get("burst_period_s", 30.0)
+    out = {}
+    for name, on in (("on", True), ("off", False)):
+        ttft = sorted(s["ttft_s"] * 1000 for s in run["samples"]
+                      if s["kind"] == "well-behaved" and "ttft_s" in s and ((s["t_s"] % period) < period / 2) == on)
+        out[f"well_behaved_burst_{name}"] = {"num": len(ttft), "median_ttft_ms": round(ttft[(len(ttft) - 1) // 2], 1)
+                                             if ttft else None, "max_ttft_ms": round(ttft[-1], 1) if ttft else None}
     return out
 
 
@@ -72,6 +86,9 @@ def plot(runs: dict[str, dict], summary: dict, plots: Path, profile: str = "cpu"
              "h200q": "H200, llama-3.1-8b dummy, 30 adapters, 60 s phases"}
     right.set(ylabel="well-behaved p99 TTFT (s)", title=f"p99 TTFT ({where.get(profile, profile)})")
     right.title.set_fontsize(8)
+    commits = ", ".join(f"{n} {summary['runs'][n]['commit'][:7]}" for n in names)
+    fig.suptitle(f"runs at: {commits}; results files and command: loadtest/summary_{profile}.json "
+                 f"(python case_multilora/loadtest/report.py --profile {profile})", fontsize=7)
     fig.tight_layout()
     path = plots / f"ttft_{profile}.png"
     fig.savefig(path, dpi=110)

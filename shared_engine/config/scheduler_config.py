@@ -26,7 +26,8 @@ class SchedulerConfig:
     mid-prefill at once, `max_long_partial_prefills` of them long (more than `long_prefill_token_threshold`
     uncached tokens), and a long one gets at most `long_prefill_token_threshold` tokens per step. None / 0:
     no cap (vLLM's defaults are 1, 1 and 0 with the caps used only above 1; unset here keeps this engine's
-    unbounded concurrent prefills). Needs chunked prefill.
+    unbounded concurrent prefills). Needs chunked prefill. With `scheduling_policy="fair"` the threshold also
+    marks the running prefills that yield a step to another tenant's admission (core/scheduling/fair.py).
     """
 
     max_num_seqs: int = 256

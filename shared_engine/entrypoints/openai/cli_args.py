@@ -73,7 +73,8 @@ _HELP = {
     "max_long_partial_prefills": "most of those whose uncached prompt is longer than "
     "--long-prefill-token-threshold, so short prompts keep a slot (default: no cap)",
     "long_prefill_token_threshold": "a prompt with more uncached tokens is long, and gets at most this many "
-    "tokens per step (0: off)",
+    "tokens per step (0: off); with --scheduling-policy fair a running long prompt also sits out a step that "
+    "admits another tenant's request whose counter is not above its own (core/scheduling/fair.py)",
     "scheduling_policy": "order of admission of waiting requests: fcfs (arrival), priority (the request's "
     "priority, lower first) or fair (per-tenant virtual token counters, VTC; the request's tenant field)",
     "session_pin_ttl": "seconds a finished turn's cached prefix stays pinned (not evictable) while its session "
