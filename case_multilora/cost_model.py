@@ -15,10 +15,10 @@ Per token, a dedicated tenant pays price x ceil(r / (u C_base)) / r and the shar
 at r* = u C_shared: a tenant that alone fills a GPU at the shared engine's rate is cheaper on its own merged
 replica; below r* the dedicated GPU idles. `crossover_rate` returns r*, `curve` both costs over r.
 
-Inputs (`CostInputs`): C_base and C_shared from `benchmarks/results/lora_h200_llama8b_284c523.json` (H200,
-llama-3.1-8b dummy weights, 240 requests of 256 in / 128 out, SGMV LoRA kernel; base engine 11,390 output
-tokens/s, 30 adapters of ranks 8/16/64 4,881: 42.9% of base, measured; the same file's 30 x rank 16 run, 41.7%,
-and batch-1 inter-token latency, +25.2% at rank 16, are reported alongside), and the brief's target (90% of
+Inputs (`CostInputs`): C_base and C_shared from `benchmarks/results/lora_h200_llama8b_c518670.json` (H200,
+llama-3.1-8b dummy weights, 240 requests of 256 in / 128 out, SGMV LoRA kernel; base engine 10,759 output
+tokens/s, 30 adapters of ranks 8/16/64 10,631: 98.8% of base, measured; the same file's 30 x rank 16 run, 95.8%,
+and batch-1 inter-token latency, +12.7% at rank 16, are reported alongside), and the brief's target (90% of
 base) as a second shared curve; the H200 price from shared_engine/sim/hardware_profiles/h200.json ($4.00/h,
 2026-05); u = 0.7 (an assumption, not measured). Tenant rates: true Zipf over tenants (rate of the k-th most
 popular tenant proportional to k^-s, s = 1.1), the total sized so that the brief's 30 tenants fill one shared GPU at the
@@ -35,7 +35,7 @@ from pathlib import Path
 
 CASE_DIR = Path(__file__).resolve().parent
 REPO = CASE_DIR.parent
-LORA_RESULTS = REPO / "benchmarks" / "results" / "lora_h200_llama8b_284c523.json"
+LORA_RESULTS = REPO / "benchmarks" / "results" / "lora_h200_llama8b_c518670.json"
 H200_PROFILE = REPO / "shared_engine" / "sim" / "hardware_profiles" / "h200.json"
 
 

@@ -65,8 +65,8 @@ def test_committed_json_matches_the_model():
     assert committed["cases"] == json.loads(json.dumps(fresh["cases"]))
     assert committed["measured_context"] == cm.measured_context()
     runs = json.loads(cm.LORA_RESULTS.read_text())["runs"]
-    assert cm.LORA_RESULTS.name == "lora_h200_llama8b_284c523.json"  # the SGMV run, not c10f286's BGMV one
+    assert cm.LORA_RESULTS.name == "lora_h200_llama8b_c518670.json"  # the newest H200 LoRA run
     measured = committed["cases"]["measured"]
-    assert measured["shared_capacity_tok_s"] == runs["mixed_8_16_64"]["output_tok_s"] == 4881.2
+    assert measured["shared_capacity_tok_s"] == runs["mixed_8_16_64"]["output_tok_s"] == 10631.3
     assert committed["inputs"]["base_capacity"] == runs["base"]["output_tok_s"]
-    assert math.isclose(measured["crossover_rate_tok_s"], 0.7 * 4881.2, rel_tol=1e-3)
+    assert math.isclose(measured["crossover_rate_tok_s"], 0.7 * 10631.3, rel_tol=1e-3)
