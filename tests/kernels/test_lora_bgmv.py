@@ -73,7 +73,8 @@ def test_real_shapes_bf16_on_gpu(num_tokens, in_features, out_features, rank):
 def test_lora_layer_kernel_path_equals_torch_path(kernel, device):
     """The model's LoRA layer gives the same output through either kernel as through the masked torch path
     (fused q/k/v slices of unequal widths, adapters of different ranks, an untargeted slice, an empty slot,
-    base-model tokens, a segment longer than one SGMV tile), and the context's slots follow a refill."""
+    base-model tokens, a segment longer than one SGMV tile, steps of one and two tokens), and the context's
+    slots follow a refill."""
     from shared_engine.model_executor.layers.lora import LoRAContext, LoRAProjection
 
     g = torch.Generator().manual_seed(5)
@@ -86,7 +87,8 @@ def test_lora_layer_kernel_path_equals_torch_path(kernel, device):
                 else (None, None)
             layer.write_slot(slot, i, *((None, None) if a is None else (a.to(dev), b.to(dev))))
     ctx.active = True
-    for slots in ([0, -1, 2, 2, 0, -1, 1], [2] * 20 + [-1, 0] * 9):  # slot 1 is empty: adds zeros
+    # slot 1 is empty: adds zeros; one and two tokens: SGMV's fused single launch (batch-1 decodes)
+    for slots in ([0, -1, 2, 2, 0, -1, 1], [2] * 20 + [-1, 0] * 9, [2], [0, -1]):
         ctx.kernel = "torch"
         ctx.set_token_slots(torch.tensor(slots))
         x, base = (torch.randn(len(slots), n, generator=g).to(dev) for n in (24, 32))

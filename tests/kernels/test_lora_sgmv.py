@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from kernels.lora_sgmv import (
+    FUSED_MAX_TOKENS,
     PREFILL_TILE_M,
     TILE_M,
     build_tiles,
     max_tiles,
     sgmv_expand,
     sgmv_expand_ref,
+    sgmv_fused,
     sgmv_shrink,
     sgmv_shrink_ref,
 )
@@ -126,6 +128,38 @@ def test_prefill_tiles_of_64_tokens_equal_tiles_of_16(dtype, device):
         sgmv_shrink(x, a, ranks_t, tokens, tiles, tile_m=32)
 
 
+@pytest.mark.parametrize("token_slots,ranks", [
+    ([1], [[16, 4, 8], [16, 0, 8], [0, 4, 8]]),  # batch 1: q/k/v of unequal ranks, an untargeted slice
+    ([2, 0], [[40, 0, 3], [40, 0, 3], [40, 0, 3]]),  # two adapters, rank 40 (three 16-row steps)
+    ([-1, 1], [[8, 8], [8, 8], [8, 8]]),  # a base token (left alone) and an adapter token
+    ([0], [[0, 8], [0, 8], [0, 8]]),  # an adapter that targets none of the slices: nothing changes
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_equals_shrink_then_expand(token_slots, ranks, dtype, device):
+    """`sgmv_fused` (steps of <= FUSED_MAX_TOKENS tokens) gives what the two kernels give, and the reference;
+    padded graph buffers (tokens and tiles sized for 16 rows) too."""
+    assert len(token_slots) <= FUSED_MAX_TOKENS
+    sizes = [24, 8, 8]
+    x, a, b, ranks_t = case(token_slots, 300, sizes, ranks, dtype, seed=7, device=device)
+    tokens, tiles, _ = meta(token_slots, ranks_t.shape[1], device, token_cap=16, tile_cap=max_tiles(16, 3))
+    offsets = offsets_of(sizes, device)
+    y0 = torch.randn(len(token_slots), sum(sizes)).to(device, dtype)
+    fused = sgmv_fused(y0.clone(), x, a, b, ranks_t, tokens, tiles, offsets, max(sizes))
+    two = y0.clone()
+    sgmv_expand(two, sgmv_shrink(x, a, ranks_t, tokens, tiles, reduce=False), b, ranks_t, tokens, tiles, offsets,
+                max(sizes))
+    slots_t = torch.tensor(token_slots, device=device)
+    expected = sgmv_expand_ref(y0, sgmv_shrink_ref(x, a, ranks_t, slots_t), b, ranks_t, slots_t, sizes)
+    tol = dict(rtol=1e-4, atol=1e-3) if dtype == torch.float32 else dict(rtol=3e-2, atol=0.5)
+    torch.testing.assert_close(fused.float(), expected.float(), **tol)
+    torch.testing.assert_close(fused.float(), two.float(), **tol)
+    touched = (slots_t >= 0) & (ranks_t.sum(0)[slots_t.clamp(min=0)] > 0)
+    assert torch.equal(fused[~touched], y0[~touched])
+    assert not touched.any() or not torch.equal(fused[touched], y0[touched])
+    with pytest.raises(ValueError, match="shapes disagree"):
+        sgmv_fused(y0[:, :8], x, a, b, ranks_t, tokens, tiles, offsets, 8)
+
+
 def test_graph_style_fixed_buffers_with_padding(device):
     """A graph bucket of 24 rows with 13 real tokens: buffers sized for 64 tokens and every tile a
     bucket of that size may need, padding rows (slot -1) and a stale tail must not be read or written."""
@@ -176,6 +210,8 @@ def test_bad_shapes_are_value_errors(device):
     (2048, 4096, [14336, 14336], [8, 16, 64] * 10, PREFILL_TILE_M),
     (1, 14336, [4096], [16] * 30, TILE_M),  # batch-1 down_proj (split-K)
     (300, 4096, [4096], [128, 16] * 2, TILE_M),  # ranks over one rank block
+    (1, 4096, [4096, 1024, 1024], [16] * 30, "fused"),  # batch-1 qkv: sgmv_fused
+    (2, 4096, [4096], [8, 64] * 15, "fused"),  # batch-2 o_proj, two adapters
 ])
 def test_real_shapes_bf16_on_gpu(num_tokens, in_features, slice_sizes, ranks, tile_m):
     """llama-3.1-8b projections in bf16 against an fp32 einsum reference; a fifth of the tokens on the base;
@@ -188,6 +224,8 @@ def test_real_shapes_bf16_on_gpu(num_tokens, in_features, slice_sizes, ranks, ti
     x = torch.randn(num_tokens, in_features, device="cuda").bfloat16()
     a = (torch.randn(num_slices, num_slots, max_rank, in_features, device="cuda") / 8).bfloat16()
     b = (torch.randn(num_slots, max_rank, sum(slice_sizes), device="cuda") / 8).bfloat16()
+    fused = tile_m == "fused"
+    tile_m = TILE_M if fused else tile_m
     tokens, tiles, _ = meta(slots.tolist(), num_slots, "cuda", tile_m=tile_m)
     y = torch.randn(num_tokens, sum(slice_sizes), device="cuda").bfloat16()
     expected = y.float().clone()
@@ -201,6 +239,9 @@ def test_real_shapes_bf16_on_gpu(num_tokens, in_features, slice_sizes, ranks, ti
             torch.testing.assert_close(s[i][rows][:, :rank], ref_s, rtol=1e-2, atol=0.1)
             lo, hi = offsets[i], offsets[i + 1]
             expected[rows, lo:hi] += ref_s @ b[slot, :rank, lo:hi].float()
-    sgmv_expand(y, s, b, ranks_t, tokens, tiles, offsets_of(slice_sizes, "cuda"), max(slice_sizes), tile_m=tile_m)
+    if fused:
+        sgmv_fused(y, x, a, b, ranks_t, tokens, tiles, offsets_of(slice_sizes, "cuda"), max(slice_sizes))
+    else:
+        sgmv_expand(y, s, b, ranks_t, tokens, tiles, offsets_of(slice_sizes, "cuda"), max(slice_sizes), tile_m=tile_m)
     torch.testing.assert_close(y.float(), expected, rtol=3e-2, atol=0.5)
     assert torch.equal(y[~valid].float(), expected[~valid])

@@ -17,8 +17,9 @@ step). The cost is that of all `max_loras` slots whichever adapters the step use
 Triton kernels instead, on the same fixed buffers (so CUDA graphs capture them), with mixed ranks via each
 layer's `slot_ranks` (0 for a module the slot's adapter does not target):
 - `sgmv` (default, kernels/lora_sgmv.py): the host groups the step's tokens by slot into tiles of up to 16
-  tokens; each tile reads its adapter's A and B once, and one launch covers every slice of a fused
-  projection (q, k, v; gate, up);
+  tokens (64 in large eager steps); each tile reads its adapter's A and B once, and one launch covers every
+  slice of a fused projection (q, k, v; gate, up); steps of at most FUSED_MAX_TOKENS tokens (batch-1
+  decodes) run shrink and expand as one launch (`sgmv_fused`);
 - `bgmv` (`lora_kernel="bgmv"`, kernels/lora_bgmv.py): each token reads its own slot's A and B.
 
 Each projection belongs to a group (`qkv`, `o`, `gate_up`, `down`): a step runs the LoRA of only the groups
@@ -201,10 +202,13 @@ class LoRAProjection(nn.Module):
         return out
 
     def _forward_sgmv(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        from kernels.lora_sgmv import sgmv_expand, sgmv_shrink
+        from kernels.lora_sgmv import FUSED_MAX_TOKENS, sgmv_expand, sgmv_fused, sgmv_shrink
 
         slots, rank, ctx = self.ctx.max_loras, self.max_rank, self.ctx
         a = self.lora_a.view(len(self.out_sizes), slots, rank, -1)
+        if x.shape[0] <= FUSED_MAX_TOKENS:  # batch-1 decodes: shrink and expand in one launch
+            return sgmv_fused(out, x, a, self.lora_b_all.view(slots, rank, -1), self.slot_ranks, ctx.sgmv_tokens,
+                              ctx.sgmv_tiles, self.slice_offsets, max(self.out_sizes))
         # [splits, slices, T, rank] fp32 split-K partials, summed by the expand as it reads them
         shrunk = sgmv_shrink(x, a, self.slot_ranks, ctx.sgmv_tokens, ctx.sgmv_tiles, reduce=False, tile_m=ctx.tile_m)
         return sgmv_expand(out, shrunk, self.lora_b_all.view(slots, rank, -1), self.slot_ranks, ctx.sgmv_tokens,
