@@ -77,6 +77,8 @@ class LoRAManager:
         self.streams = None if stream_ops is None else SlotStreams(config.max_loras, stream_ops)
         self._step_slots: set[int] = set()  # the slots the step being launched reads
         self.slot_load_seconds = 0.0  # host time spent writing slots (includes the copies on the CPU)
+        # slot loads as one host-to-device copy and two foreach copies (CUDA; the CPU path writes per slice)
+        self.batched = self.device.type == "cuda"
 
     # ---- CPU cache -----------------------------------------------------------------------------------
     def acquire(self, request_id: str, lora_request: LoRARequest) -> None:
@@ -195,15 +197,45 @@ class LoRAManager:
     @torch.no_grad()
     def _write_slot(self, slot: int, image: SlotImage) -> None:
         """Copy `image` into `slot` on the current stream (asynchronous from pinned memory on CUDA: queued
-        after the step in flight, so it never changes a step that already runs)."""
+        after the step in flight, so it never changes a step that already runs). On CUDA (`batched`) the
+        whole image crosses in one host-to-device copy and lands in the slot's rows through two
+        `torch._foreach_copy_` calls (A rows, contiguous; B column blocks): a rank-16 q/k/v/o adapter of
+        llama-3.1-8b was 256 Python-issued copies, 10.6 ms of host time per load on the H200 at c518670."""
         started = time.perf_counter()
+        if self.batched:
+            self._write_slot_batched(slot, image)
+        else:
+            for layer in range(self.arch.num_layers):
+                for module, (projection, index) in self.model.lora_targets(layer).items():
+                    pair = image.parts.get((layer, module))
+                    if pair is None:
+                        projection.write_slot(slot, index, None, None)
+                    else:
+                        a, bt = pair
+                        projection.write_slot(slot, index, a, bt.t())
+        self.num_slot_loads += 1
+        self.slot_load_seconds += time.perf_counter() - started
+
+    def _write_slot_batched(self, slot: int, image: SlotImage) -> None:
+        staged = image.buffer.to(self.device, non_blocking=True)  # pinned: PyTorch keeps it until copied
+        sizes = [t.numel() for pair in image.parts.values() for t in pair]  # the buffer's layout, in order
+        chunks = torch.split(staged, sizes)
+        on_device = {key: (chunks[2 * i].view(a.shape), chunks[2 * i + 1].view(bt.shape))
+                     for i, (key, (a, bt)) in enumerate(image.parts.items())}
+        dst_a, src_a, dst_b, src_b = [], [], [], []
         for layer in range(self.arch.num_layers):
             for module, (projection, index) in self.model.lora_targets(layer).items():
                 pair = image.parts.get((layer, module))
+                r = 0 if pair is None else pair[0].shape[0]
+                projection.prepare_rows(slot, index, r)
                 if pair is None:
-                    projection.write_slot(slot, index, None, None)
-                else:
-                    a, bt = pair
-                    projection.write_slot(slot, index, a, bt.t())
-        self.num_slot_loads += 1
-        self.slot_load_seconds += time.perf_counter() - started
+                    continue
+                rows_a, rows_b = projection.slot_rows(slot, index, r)
+                a, bt = on_device[(layer, module)]
+                dst_a.append(rows_a)
+                src_a.append(a)
+                dst_b.append(rows_b)
+                src_b.append(bt)
+        if dst_a:
+            torch._foreach_copy_(dst_a, src_a, non_blocking=True)
+            torch._foreach_copy_(dst_b, src_b, non_blocking=True)

@@ -71,3 +71,44 @@ def test_reloading_the_same_shapes_is_two_copies_per_slice():
     with CountOps() as smaller:
         p.write_slot(1, 0, a[:2], b[:, :2])  # rank 4 -> 2: rows 2-3 zeroed in A and B, rank written
     assert smaller.counts["zero_"] == 2 and smaller.counts["copy_"] == 3
+
+
+def test_batched_slot_loads_equal_per_slice_writes(tiny_model_dir, tmp_path):
+    """The CUDA slot load (one host-to-device copy of the image, two foreach copies) leaves every LoRA
+    buffer exactly as the per-slice `write_slot` path, over a random sequence of adapters of different ranks
+    and targets (larger ranks replaced by smaller: rows zeroed), and issues two copies for the rows."""
+    from shared_engine.config.lora_config import LoRAConfig
+    from shared_engine.lora.adapter_factory import write_random_adapter
+    from shared_engine.lora.lora_manager import LoRAManager, load_checked
+    from shared_engine.lora.lora_request import LoRARequest
+    from shared_engine.lora.slot_image import make_slot_image
+    from shared_engine.model_arch import ModelArch
+    from shared_engine.model_executor.models.registry import get_model_class
+
+    arch = ModelArch.from_dir(tiny_model_dir)
+    config = LoRAConfig(enable_lora=True, max_loras=3, max_lora_rank=8)
+    managers = []
+    for batched in (True, False):
+        torch.manual_seed(0)
+        model = get_model_class(arch.architecture)(arch, max_position=64)
+        manager = LoRAManager(model, config, arch, max_num_tokens=16)
+        manager.batched = batched
+        managers.append(manager)
+    targets = [["q_proj", "v_proj"], ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+               ["o_proj", "down_proj"], ["k_proj"]]
+    images = []
+    for i, (rank, modules) in enumerate(zip([8, 2, 4, 8], targets)):
+        path = write_random_adapter(tmp_path / f"a{i}", arch, rank, modules, seed=i, lora_alpha=rank)
+        images.append(make_slot_image(load_checked(LoRARequest(f"a{i}", i + 1, str(path)), arch, config),
+                                      torch.float32, pin=False))
+    rng = random.Random(1)
+    for step in range(12):
+        slot, image = rng.randrange(3), rng.choice(images)
+        with CountOps() as ops:
+            managers[0]._write_slot(slot, image)
+        managers[1]._write_slot(slot, image)
+        # two copies for the adapter's rows; a copy more only where a slice's rank changes (slot_ranks)
+        assert ops.counts["_foreach_copy_"] == 2 and ops.counts["copy_"] == ops.counts["lift_fresh"], ops.counts
+        for (name, got), want in zip(managers[0].model.named_buffers(), managers[1].model.buffers()):
+            if "lora" in name or "slot_ranks" in name:
+                assert torch.equal(got, want), (step, name)

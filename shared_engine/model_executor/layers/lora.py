@@ -179,6 +179,7 @@ class LoRAProjection(nn.Module):
                                                        device=device))
         # host mirror of slot_ranks: rows past it are zero in A and B (`write_slot` zeroes only what it must)
         self._rows_written = [[0] * ctx.max_loras for _ in out_sizes]
+        self._views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # slot_rows' cache
 
     def lora_b(self, index: int) -> torch.Tensor:
         """Slice `index`'s B: [max_loras * max_rank, out_sizes[index]] (a column view of `lora_b_all`)."""
@@ -234,17 +235,36 @@ class LoRAProjection(nn.Module):
         are zeroed and the slot's rank written only when it changes, so reloading a slot with an adapter of
         the same shape is two copies per slice (a q/k/v/o adapter of llama-3.1-8b: 256 device operations
         instead of 928), and an untargeted slice that is already zero costs nothing."""
-        width = self.ctx.max_loras * self.max_rank
-        rows = slice(slice_index * width + slot * self.max_rank, slice_index * width + (slot + 1) * self.max_rank)
-        b_rows = slice(slot * self.max_rank, (slot + 1) * self.max_rank)
         r = 0 if a is None else a.shape[0]
+        self.prepare_rows(slot, slice_index, r)
+        if r:
+            dst_a, dst_b = self.slot_rows(slot, slice_index, r)
+            dst_a.copy_(a, non_blocking=True)
+            dst_b.copy_(b.t(), non_blocking=True)
+
+    @torch.no_grad()
+    def prepare_rows(self, slot: int, slice_index: int, r: int) -> None:
+        """Before rank-`r` rows go into `slot` (slice `slice_index`): zero the rows a larger previous rank
+        left, write the slot's rank if it changes (the copies themselves are the caller's: `slot_rows`)."""
         previous = self._rows_written[slice_index][slot]
         if previous > r:
-            self.lora_a[rows][r:previous].zero_()
-            self.lora_b(slice_index)[b_rows][r:previous].zero_()
+            width = self.ctx.max_loras * self.max_rank
+            base = slice_index * width + slot * self.max_rank
+            self.lora_a[base + r : base + previous].zero_()
+            self.lora_b(slice_index)[slot * self.max_rank + r : slot * self.max_rank + previous].zero_()
         if previous != r:
             self.slot_ranks[slice_index, slot] = r
         self._rows_written[slice_index][slot] = r
-        if r:
-            self.lora_a[rows][:r].copy_(a, non_blocking=True)
-            self.lora_b(slice_index)[b_rows][:r].copy_(b.t(), non_blocking=True)
+
+    def slot_rows(self, slot: int, slice_index: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of `slot`'s first `r` rows of slice `slice_index`: A [r, in] (contiguous) and B transposed
+        [r, out] (a column block of `lora_b_all`). Cached per (slot, slice, r): a slot load builds no views
+        after the first load of that shape."""
+        key = (slot, slice_index, r)
+        views = self._views.get(key)
+        if views is None:
+            width = self.ctx.max_loras * self.max_rank
+            base = slice_index * width + slot * self.max_rank
+            b_base = slot * self.max_rank
+            views = self._views[key] = (self.lora_a[base : base + r], self.lora_b(slice_index)[b_base : b_base + r])
+        return views
