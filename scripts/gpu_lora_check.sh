@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Multi-LoRA on one CUDA machine (issue 18), every results file to OUTDIR:
-#   1. LoRA kernel tests on CUDA: SGMV and BGMV against their references, real llama-3.1-8b shapes in bf16;
+#   1. LoRA kernel tests on CUDA: SGMV (16- and 64-token tiles, the fused batch-1 kernel) and BGMV against
+#      their references, real llama-3.1-8b shapes in bf16; the batched slot load (one copy of the pinned
+#      image, two foreach copies) equal to the per-slice writes;
 #   2. LoRA under CUDA graphs (small fp32 model): greedy outputs mixing 3 adapters and the base through
 #      graphs (SGMV; with 2 slots and loads on their own copy stream; BGMV with LORA_GRAPH_BGMV=1) equal the
 #      eager masked torch path; base-only steps replay
@@ -20,9 +22,11 @@
 #      llama-3.1-8b start-ups with graph capture ~25 + ~40 s, four runs of the workload ~30 s + 4 at batch 1, the adapters
 #      ~5 s, none after the bench step: its rank-16 adapters are reused); own limit 240 s. STEPS="profile bench"
 #      ~230 s (bench ~110 s, then profile ~115 s).
-# Each step has its own time limit, so one slow step cannot starve the next. Estimate (not measured) on one
-# H200, cold Triton cache: ~45 + ~45 (three small engines) + ~25 + ~130 s; STEPS="kernels bench" ~175 s. The benchmark's two
-# llama-3.1-8b engine start-ups (graph capture) and its adapter writing dominate.
+# Each step has its own time limit, so one slow step cannot starve the next. On one H200 at c518670
+# (gpu_run_c518670.log): bench 99 s, profile 80 s, so STEPS="profile bench" ~180 s. Estimates (not
+# measured): kernels ~60 s cold (more Triton variants since: 64-token tiles, the fused kernel; limit 150 s),
+# graphs ~45 s (three small engines), micro ~25 s; STEPS="kernels profile bench" ~240 s. The two
+# llama-3.1-8b engine start-ups per script (graph capture) dominate.
 #   GIT_COMMIT=<sha> scripts/gpu_lora_check.sh OUTDIR      (the device copy has no .git)
 # STEPS: which steps (default all; any of: kernels graphs micro bench churn profile; all leaves churn and
 # profile out), e.g.
@@ -41,7 +45,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 
 if want kernels; then
   step "LoRA kernel tests (CUDA, real shapes in bf16)"
-  timeout 75 $PY -m pytest tests/kernels/test_lora_sgmv.py tests/kernels/test_lora_bgmv.py -q -p no:cacheprovider \
+  timeout 150 $PY -m pytest tests/kernels/test_lora_sgmv.py tests/kernels/test_lora_bgmv.py tests/lora/test_slot_writes.py \
+    -q -p no:cacheprovider \
     -rs 2>&1 | tail -15 | tee "$OUT/lora_kernel_tests_${COMMIT}.log"
 fi
 
