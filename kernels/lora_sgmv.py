@@ -45,6 +45,9 @@ _MAX_BLOCK_R = 64  # rank rows per shrink program (larger ranks: several rank bl
 # for, where a block of 64 did four times the tensor-core work on zero rows; a rank-64 one does four steps
 _EXPAND_BLOCK_R = 16
 FUSED_MAX_TOKENS = 2  # steps of at most this many tokens run sgmv_fused (one launch per projection)
+# ... for inputs of at most this many features: a program's shrink walks all of in_features alone, so
+# down_proj's 14,336 keeps the split-K shrink and the separate expand
+FUSED_MAX_IN_FEATURES = 8192
 _FUSED_BLOCK_K = 256  # in_features per step of the fused kernel's shrink loop (16 steps for 4,096)
 _TARGET_PROGRAMS = 512  # shrink programs to aim for (split-K when there are few tiles)
 _MAX_SPLITS = 16  # split-K partials (a power of two: the expand's unrolled sum compiles for 1, 2, 4, 8, 16)
