@@ -44,7 +44,9 @@ _MAX_BLOCK_R = 64  # rank rows per shrink program (larger ranks: several rank bl
 # does one 16-row step whatever `max_lora_rank` the buffers (and a CUDA graph's captured kernels) are sized
 # for, where a block of 64 did four times the tensor-core work on zero rows; a rank-64 one does four steps
 _EXPAND_BLOCK_R = 16
-FUSED_MAX_TOKENS = 2  # steps of at most this many tokens run sgmv_fused (one launch per projection)
+# steps of at most this many tokens run sgmv_fused (one launch per projection); LORA_FUSED_MAX_TOKENS sets it
+# (0: never; A/B runs of bench_lora.py / bench_lora_kernels.py on a GPU)
+FUSED_MAX_TOKENS = int(os.environ.get("LORA_FUSED_MAX_TOKENS", "2"))
 # ... for inputs of at most this many features: a program's shrink walks all of in_features alone, so
 # down_proj's 14,336 keeps the split-K shrink and the separate expand
 FUSED_MAX_IN_FEATURES = 8192

@@ -4,11 +4,15 @@ projection), timed as CUDA-graph replays (triton.testing.do_bench_cudagraph, so 
 captured step pays), in bf16 with 32 slots of max rank 64 (the benchmark engine's `--max-loras 32
 --max-lora-rank 64`) and adapters on q/k/v/o (gate/up/down untargeted: rank 0, as scripts/bench_lora.py).
 
-Cases: T tokens per step (1: batch-1 decode; 240: the throughput run's decode batch; 2048: a prefill
-chunk), spread uniformly over 30 adapters of rank 16 (`r16`), of ranks 8/16/64 (`mixed`), or all on the
-base model (`base`: what a graph with LoRA layers costs a step without adapters). Per case: microseconds per
-projection and per layer (their sum), the step's estimate (x 32 layers), and SGMV's relative difference
-from BGMV's output.
+Kernels: `bgmv`, `sgmv` (the two SGMV launches, shrink and expand) and, for T <= 64, `fused`
+(kernels/lora_sgmv.py sgmv_fused: shrink and expand in one launch, which the layer takes at T <=
+FUSED_MAX_TOKENS); the per-layer sums say where the fused kernel's threshold belongs.
+
+Cases: T tokens per step (1: batch-1 decode; 2, 8, 16, 64: small decode batches; 240: the throughput run's
+decode batch; 2048: a prefill chunk), spread uniformly over 30 adapters of rank 16 (`r16`), of ranks
+8/16/64 (`mixed`), or all on the base model (`base`: what a graph with LoRA layers costs a step without
+adapters). Per case: microseconds per projection and per layer (their sum), the step's estimate (x 32
+layers), and SGMV's and the fused kernel's relative difference from BGMV's output.
 
     python scripts/bench_lora_kernels.py --out /tmp/lora_kernels.json
 """
@@ -34,12 +38,19 @@ NUM_LAYERS = 32
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 240, 2048])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 8, 16, 64, 240, 2048])
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     from triton.testing import do_bench_cudagraph
 
+    import kernels.lora_sgmv as fused
     from shared_engine.model_executor.layers.lora import LoRAContext, LoRAProjection
+
+    default_fused_max = fused.FUSED_MAX_TOKENS
+
+    def use(kernel: str) -> None:  # "fused": the layer's SGMV path always fused; "sgmv": never
+        ctx.kernel = "bgmv" if kernel == "bgmv" else "sgmv"
+        fused.FUSED_MAX_TOKENS = 1 << 30 if kernel == "fused" else 0
 
     dev, dtype, num_slots, max_rank = torch.device("cuda"), torch.bfloat16, 32, 64
     g = torch.Generator(device=dev).manual_seed(0)
@@ -49,6 +60,7 @@ def main() -> None:
     results = {"benchmark": "lora_kernels", "environment": environment(), "command": " ".join(sys.argv),
                "config": {"dtype": "bfloat16", "max_loras": num_slots, "max_lora_rank": max_rank,
                           "targets": sorted(TARGETED),
+                          "fused_max_tokens_default": default_fused_max,
                           "timing": "triton.testing.do_bench_cudagraph: mean of CUDA-graph replays, microseconds"},
                "cases": {}}
     for rank_mix in ("r16", "mixed", "base"):
@@ -65,20 +77,23 @@ def main() -> None:
             ctx.set_token_slots(slots[torch.randperm(num_tokens)])
             ctx.active = True
             case = {}
+            kernels = ("bgmv", "sgmv", "fused") if num_tokens <= 64 else ("bgmv", "sgmv")
             for name, layer in layers.items():
                 x = torch.randn(num_tokens, layer.lora_a.shape[1], device=dev, generator=g).to(dtype)
                 out = torch.zeros(num_tokens, sum(layer.out_sizes), device=dev, dtype=dtype)
                 row, outputs = {}, {}
-                for kernel in ("bgmv", "sgmv"):  # outputs first: the timed calls accumulate into `out`
-                    ctx.kernel = kernel
+                for kernel in kernels:  # outputs first: the timed calls accumulate into `out`
+                    use(kernel)
                     outputs[kernel] = layer(x, out.clone())
-                for kernel in ("bgmv", "sgmv"):
-                    ctx.kernel = kernel
+                for kernel in kernels:
+                    use(kernel)
                     row[f"{kernel}_us"] = round(do_bench_cudagraph(lambda: layer(x, out)) * 1e3, 2)  # noqa: B023
                 ref = outputs["bgmv"].float()
-                row["sgmv_rel_diff"] = float((outputs["sgmv"].float() - ref).norm() / ref.norm().clamp_min(1e-30))
+                for kernel in kernels[1:]:
+                    diff = (outputs[kernel].float() - ref).norm() / ref.norm().clamp_min(1e-30)
+                    row[f"{kernel}_rel_diff"] = float(diff)
                 case[name] = row
-            layer_us = {k: round(sum(r[f"{k}_us"] for r in case.values()), 2) for k in ("bgmv", "sgmv")}
+            layer_us = {k: round(sum(r[f"{k}_us"] for r in case.values()), 2) for k in kernels}
             case["per_layer_us"] = layer_us
             case["per_step_ms_32_layers"] = {k: round(v * NUM_LAYERS / 1e3, 3) for k, v in layer_us.items()}
             results["cases"][f"{rank_mix}_T{num_tokens}"] = case

@@ -7,7 +7,9 @@
 #      graphs (SGMV; with 2 slots and loads on their own copy stream; BGMV with LORA_GRAPH_BGMV=1) equal the
 #      eager masked torch path; base-only steps replay
 #      base-only graphs (tests/engine/test_cuda_graphs.py, whose graph keys changed, is not run here);
-#   3. scripts/bench_lora_kernels.py: SGMV vs BGMV per projection at T = 1, 240, 2048 (graph replays);
+#   3. scripts/bench_lora_kernels.py: SGMV vs BGMV per projection, and the fused one-launch SGMV
+#      (kernels/lora_sgmv.py sgmv_fused) at T <= 64, graph replays, T = MICRO_TOKENS (default 1 2 8 16 64; the
+#      script's own default adds 240 2048); ~60 s (estimate, not measured);
 #   4. scripts/bench_lora.py: base engine vs the LoRA engine on the base, 30 rank-16 adapters, 30 of ranks
 #      8/16/64, batch-1 ITL, the CPU-cache-to-slot time for the pinned slot images and for the old pageable
 #      fp32 path, each run's phases (steps, host / GPU-span seconds) (NUM_REQUESTS, default 240 as in the
@@ -58,12 +60,16 @@ if want graphs; then
 fi
 
 if want micro; then
-  step "SGMV vs BGMV per projection"
-  timeout 45 $PY scripts/bench_lora_kernels.py --out "$OUT/lora_kernels_h200_${COMMIT}.json" 2>&1 | tail -12 \
+  step "SGMV vs BGMV vs fused SGMV per projection"
+  # shellcheck disable=SC2086
+  timeout 100 $PY scripts/bench_lora_kernels.py --tokens ${MICRO_TOKENS:-1 2 8 16 64} \
+    --out "$OUT/lora_kernels_h200_${COMMIT}.json" 2>&1 | tail -16 \
     | tee "$OUT/bench_lora_kernels_${COMMIT}.log"
 fi
 
 if want bench; then
+  # batch-1 ITL base vs rank-16 (itl_ms in the JSON) with the fused LoRA kernel at T <= FUSED_MAX_TOKENS
+  # (LORA_FUSED_MAX_TOKENS=0 in the environment: the two-kernel SGMV, c518670's path); ~100 s
   step "bench_lora (llama-3.1-8b dummy, ${NUM_REQUESTS:-240} requests)"
   GIT_COMMIT=$COMMIT timeout 240 $PY scripts/bench_lora.py --num-requests "${NUM_REQUESTS:-240}" \
     --out "$OUT/lora_h200_llama8b_${COMMIT}.json" 2>&1 | tail -40 | tee "$OUT/bench_lora_${COMMIT}.log"
