@@ -8,7 +8,9 @@ launch), `fused_32` (fused, at most 32 splits: one round of loads in the merge) 
 `fused_mst512` (fused, one active split per 512 tokens of the actual context: 32 at 16k, all 132 from 66k).
 Reports KV bytes read over the measured device-to-device copy bandwidth; issue 21's target is >= 70% at
 batch 1-4, 16k-128k.
-Every case also checks fused against two_kernel (max |diff|), and batch 1 at 16k against the torch reference.
+Every case also checks each variant against two_kernel (max |diff|), and batch 1 at 16k against the torch
+reference. Each variant, the check, the diagnostics and each sweep part run in a child process, so a fault
+in one (an illegal memory access poisons the CUDA context) leaves the others' rows; failures go to `errors`.
 
 `diagnostics` (batch 1, 16k, 132 splits) place the fixed cost: the reduce kernel alone, and both paths over
 empty contexts (no KV read: launch, ramp and merge only).
@@ -45,6 +47,7 @@ from kernels.paged_decode_attention import (  # noqa: E402
 HQ, HK, D, BS = 32, 8, 128, 16
 MAX_MODEL_LEN = 131072
 BATCHES, CONTEXTS = (1, 2, 4), (16384, 32768, 65536, 131072)
+CHILD_TIMEOUT_S = 150
 
 
 def heuristic_splits(batch: int) -> int:
@@ -77,8 +80,10 @@ class Case:
                                       out=self.out if out is None else out, max_context_len=MAX_MODEL_LEN, **kw)
 
     def time(self, rep: int = 100, **kw) -> dict:
-        """Median us per call over CUDA graph replays, and % of the copy bandwidth; compile outside."""
+        """Median us per call over CUDA graph replays, and % of the copy bandwidth; compile outside (then a
+        sync: do_bench_cudagraph works on its own stream, which must not overlap this launch)."""
         self.run(**kw)
+        torch.cuda.synchronize()
         us = triton.testing.do_bench_cudagraph(lambda: self.run(**kw), rep=rep, return_mode="median") * 1e3
         return {**kw, "us": us, "pct_copy_bw": 100 * self.nbytes / us / 1e3 / self.copy_gbs}
 
@@ -87,11 +92,13 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
-def time_case(batch: int, ctx: int, copy_gbs: float, gen) -> dict:
+def time_case(batch: int, ctx: int, copy_gbs: float, gen, names=tuple(VARIANTS), check: bool = True) -> dict:
     case = Case(batch, ctx, copy_gbs, gen)
     row = {"batch": batch, "context": ctx}
-    for name, kw in VARIANTS.items():
-        row[name] = case.time(**kw(batch))
+    for name in names:
+        row[name] = case.time(**VARIANTS[name](batch))
+    if not check:
+        return row
     two = case.run(out=torch.empty_like(case.q), **VARIANTS["two_kernel"](batch))
     row["fused_vs_two_kernel_max_abs"] = max(
         max_abs_diff(case.run(out=torch.empty_like(case.q), **VARIANTS[n](batch)), two)
@@ -104,12 +111,33 @@ def time_case(batch: int, ctx: int, copy_gbs: float, gen) -> dict:
     return row
 
 
-def bench_decode_long(copy_gbs: float, gen) -> list[dict]:
+def bench_decode_long(copy_gbs: float, gen, names=tuple(VARIANTS), check: bool = True) -> list[dict]:
     rows = []
     for batch in BATCHES:
         for ctx in CONTEXTS:
-            rows.append(time_case(batch, ctx, copy_gbs, gen))
+            rows.append(time_case(batch, ctx, copy_gbs, gen, names, check))
             print(json.dumps(rows[-1]), flush=True)
+            torch.cuda.empty_cache()
+    return rows
+
+
+def check_rows(gen) -> list[dict]:
+    """Every case: each variant's output against the two-kernel path's (and batch 1 at 16k: the reference)."""
+    rows = []
+    for batch in BATCHES:
+        for ctx in CONTEXTS:
+            case = Case(batch, ctx, 1.0, gen)
+            two = case.run(out=torch.empty_like(case.q), **VARIANTS["two_kernel"](batch))
+            row = {"batch": batch, "context": ctx, "max_abs_vs_two_kernel": {
+                n: max_abs_diff(case.run(out=torch.empty_like(case.q), **VARIANTS[n](batch)), two)
+                for n in VARIANTS if n != "two_kernel"}}
+            if batch == 1 and ctx == CONTEXTS[0]:
+                ref = paged_decode_attention_ref(case.q, case.k_cache, case.v_cache, case.bt, case.lens, D**-0.5)
+                row["rel_err_vs_ref"] = {n: rel_err(case.run(out=torch.empty_like(case.q), **VARIANTS[n](1)), ref)
+                                         for n in VARIANTS}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del case
             torch.cuda.empty_cache()
     return rows
 
@@ -133,42 +161,96 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="path of the JSON results file")
     ap.add_argument("--sweep", action="store_true", help="also sweep variants, splits and kernel configs")
+    ap.add_argument("--only", help="(a child process) one job: a variant name, check, diagnostics or sweep")
+    ap.add_argument("--copy-gbs", type=float, help="(a child process) the parent's measured copy bandwidth")
     args = ap.parse_args()
-    commit = os.environ.get("GIT_COMMIT") or subprocess.run(  # the device copy has no .git
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     gen = torch.Generator(device=DEV).manual_seed(0)
     torch.manual_seed(0)
+    if args.only:
+        Path(args.out).write_text(json.dumps(child_job(args.only, args.copy_gbs, gen)))
+        return
+    commit = os.environ.get("GIT_COMMIT") or subprocess.run(  # the device copy has no .git
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     ceilings = measure_ceilings()
+    torch.cuda.empty_cache()
     copy_gbs = ceilings["copy_GBps"]
     results = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
                "commit": commit or "unknown",
                "command": "python scripts/bench_decode_long.py --out " + args.out + (" --sweep" if args.sweep else ""),
                "shapes": {"num_q_heads": HQ, "num_kv_heads": HK, "head_dim": D, "block_size": BS, "dtype": "bf16",
                           "max_context_len": MAX_MODEL_LEN, "timing": "do_bench_cudagraph median, rep 100 ms"},
-               "ceilings": ceilings, "decode_long": bench_decode_long(copy_gbs, gen),
-               "diagnostics": diagnostics(copy_gbs, gen)}
-    print(json.dumps(results["diagnostics"]), flush=True)
+               "isolation": "each variant, the output check, the diagnostics and each sweep part in its own "
+                            "process (a fault in one leaves the others' rows)",
+               "ceilings": ceilings, "errors": {}}
+    rows = {(b, c): {"batch": b, "context": c} for b in BATCHES for c in CONTEXTS}
+    for name in VARIANTS:
+        for r in run_child(name, copy_gbs, args.out, results["errors"]) or []:
+            rows[(r["batch"], r["context"])][name] = r[name]
+    results["decode_long"] = list(rows.values())
+    for r in run_child("check", copy_gbs, args.out, results["errors"]) or []:
+        rows[(r["batch"], r["context"])].update({k: v for k, v in r.items() if k not in ("batch", "context")})
+    results["diagnostics"] = run_child("diagnostics", copy_gbs, args.out, results["errors"]) or {}
     Path(args.out).write_text(json.dumps(results, indent=1))  # kept if the sweep runs out of time
     if args.sweep:
-        from decode_long_sweep import summarise, sweep
+        from decode_long_sweep import PARTS, summarise
 
-        results["sweep"] = sweep(copy_gbs, gen)
+        results["sweep"] = []
+        for part in PARTS:
+            results["sweep"] += run_child("sweep" + part, copy_gbs, args.out, results["errors"]) or []
+            Path(args.out).write_text(json.dumps(results, indent=1))
         results["sweep_best"] = summarise(results["sweep"])
         Path(args.out).write_text(json.dumps(results, indent=1))
     print_summary(results)
 
 
+def child_job(job: str, copy_gbs: float, gen):
+    if job in VARIANTS:
+        return bench_decode_long(copy_gbs, gen, names=(job,), check=False)
+    if job == "check":
+        return check_rows(gen)
+    if job == "diagnostics":
+        return diagnostics(copy_gbs, gen)
+    from decode_long_sweep import sweep
+
+    return sweep(copy_gbs, gen, parts=job.removeprefix("sweep"))
+
+
+def run_child(job: str, copy_gbs: float, out: str, errors: dict):
+    """Run one job in a child process; its JSON, or None (the error's tail in `errors`)."""
+    part = f"{out}.{job}.json"
+    cmd = [sys.executable, __file__, "--only", job, "--copy-gbs", str(copy_gbs), "--out", part]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:  # the child is killed; e.g. a kernel that never returns
+        errors[job] = f"timeout after {CHILD_TIMEOUT_S} s: " + str(e.stdout or "")[-1500:]
+        print(f"{job}: TIMEOUT", flush=True)
+        return None
+    for line in p.stdout.splitlines():
+        print(line, flush=True)
+    if p.returncode != 0 or not Path(part).exists():
+        errors[job] = f"rc {p.returncode}: " + (p.stdout + p.stderr)[-1500:]
+        print(f"{job}: FAILED rc {p.returncode}\n" + p.stderr[-800:], flush=True)
+        return None
+    data = json.loads(Path(part).read_text())
+    Path(part).unlink()
+    return data
+
+
 def print_summary(results: dict) -> None:
     print(f"\n{results['gpu']}  copy {results['ceilings']['copy_GBps']:.0f} GB/s")
-    print("batch | context | " + " | ".join(f"{n}: splits, us, % bw" for n in VARIANTS) + " | max|diff|")
+    print("batch | context | " + " | ".join(f"{n}: splits, us, % bw" for n in VARIANTS) + " | max|diff| vs 2k")
     for r in results["decode_long"]:
-        cells = [f"{r[n]['num_splits']:>4} {r[n]['us']:7.1f} {r[n]['pct_copy_bw']:5.1f}" for n in VARIANTS]
-        diff = r["fused_vs_two_kernel_max_abs"]
-        print(f"{r['batch']:>5} | {r['context']:>7} | " + " | ".join(cells) + f" | {diff:.1e}")
+        cells = [f"{r[n]['num_splits']:>4} {r[n]['us']:7.1f} {r[n]['pct_copy_bw']:5.1f}" if n in r else "  (failed)"
+                 for n in VARIANTS]
+        diffs = r.get("max_abs_vs_two_kernel")
+        diff = f"{max(diffs.values()):.1e}" if diffs else "-"
+        print(f"{r['batch']:>5} | {r['context']:>7} | " + " | ".join(cells) + f" | {diff}")
     print("diagnostics:", json.dumps({k: round(v, 2) if isinstance(v, float) else v
                                       for k, v in results["diagnostics"].items()}))
     for key, best in results.get("sweep_best", {}).items():
         print(f"sweep best {key}: {json.dumps(best)}")
+    for job, err in results["errors"].items():
+        print(f"FAILED {job}: {err[-300:]}")
 
 
 if __name__ == "__main__":
