@@ -8,8 +8,8 @@
 #      eager masked torch path; base-only steps replay
 #      base-only graphs (tests/engine/test_cuda_graphs.py, whose graph keys changed, is not run here);
 #   3. scripts/bench_lora_kernels.py: SGMV vs BGMV per projection, and the fused one-launch SGMV
-#      (kernels/lora_sgmv.py sgmv_fused) at T <= 64, graph replays, T = MICRO_TOKENS (default 1 2 8 16 64; the
-#      script's own default adds 240 2048); ~60 s (estimate, not measured);
+#      (kernels/lora_sgmv.py sgmv_fused) at T <= 64, graph replays, T = MICRO_TOKENS (default 1 2 8 64; the
+#      script's own default adds 16 240 2048); ~60-100 s (estimate, not measured; own limit 110 s);
 #   4. scripts/bench_lora.py: base engine vs the LoRA engine on the base, 30 rank-16 adapters, 30 of ranks
 #      8/16/64, batch-1 ITL, the CPU-cache-to-slot time for the pinned slot images and for the old pageable
 #      fp32 path, each run's phases (steps, host / GPU-span seconds) (NUM_REQUESTS, default 240 as in the
@@ -62,7 +62,8 @@ fi
 if want micro; then
   step "SGMV vs BGMV vs fused SGMV per projection"
   # shellcheck disable=SC2086
-  timeout 100 $PY scripts/bench_lora_kernels.py --tokens ${MICRO_TOKENS:-1 2 8 16 64} \
+  # the JSON is rewritten after every case (r16 first), so a run stopped by the limit keeps what it measured
+  timeout 110 $PY scripts/bench_lora_kernels.py --tokens ${MICRO_TOKENS:-1 2 8 64} \
     --out "$OUT/lora_kernels_h200_${COMMIT}.json" 2>&1 | tail -16 \
     | tee "$OUT/bench_lora_kernels_${COMMIT}.log"
 fi
