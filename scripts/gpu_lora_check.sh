@@ -27,7 +27,7 @@
 # Each step has its own time limit, so one slow step cannot starve the next. On one H200 at c518670
 # (gpu_run_c518670.log): bench 99 s, profile 80 s, so STEPS="profile bench" ~180 s. Estimates (not
 # measured): kernels ~60 s cold (more Triton variants since: 64-token tiles, the fused kernel; limit 150 s),
-# graphs ~45 s (three small engines), micro ~25 s; STEPS="kernels profile bench" ~240 s. The two
+# graphs ~45 s (three small engines), micro ~60-100 s (limit 110 s); STEPS="kernels profile bench" ~240 s, STEPS="micro bench" ~160-200 s. The two
 # llama-3.1-8b engine start-ups per script (graph capture) dominate.
 #   GIT_COMMIT=<sha> scripts/gpu_lora_check.sh OUTDIR      (the device copy has no .git)
 # STEPS: which steps (default all; any of: kernels graphs micro bench churn profile; all leaves churn and
