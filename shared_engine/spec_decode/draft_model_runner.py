@@ -137,7 +137,10 @@ class DraftModelRunner:
             for item in out.scheduled:
                 table, first = item.block_table, item.start_position // bs
                 written = table[first:(item.context_len - 1) // bs + 1]
-                if any(b in stale for b in table[:first + 1]):
+                # the block the row starts in counts unless the row starts it (a fresh block: what a previous
+                # owner left there is overwritten from its first slot)
+                before = table[:first + (item.start_position % bs > 0)]
+                if any(b in stale for b in before):
                     stale.update(written)
                 else:
                     stale.difference_update(written)
