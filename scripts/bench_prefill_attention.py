@@ -198,6 +198,8 @@ def summary_rows(prefill: dict) -> list[str]:
                 f"{r['shape']}: sdpa {sdpa['sdpa_us']:.0f} us ({sdpa['sdpa_TFLOPs']:.0f} TFLOP/s) | ours default "
                 f"{d['us']:.0f} us = {d['pct_of_sdpa_speed']:.1f}% of sdpa | fastest {f.get('us', float('nan')):.0f} us"
                 f" = {f.get('pct_of_sdpa_speed', float('nan')):.1f}% {cfg or 'default'} | rel err {d['rel_err']:.1e}"
+                f" | >= 90% of sdpa (issue 23): default {'yes' if d['pct_of_sdpa_speed'] >= 90 else 'NO'}, fastest "
+                f"{'yes' if f.get('pct_of_sdpa_speed', 0) >= 90 else 'NO'}"
             )
     return rows
 
