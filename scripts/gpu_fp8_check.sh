@@ -2,7 +2,8 @@
 # Issue 23's FP8 checks on one CUDA machine (H200), results to OUTDIR. First run at 6e21304 (gpu_run_6e21304.log).
 #   1. FP8 kernel tests on CUDA: KV write bit-equal to torch's cast, decode/prefill/shared-prefix over an FP8
 #      cache vs the dequantised references (with the gpu-marked llama-8b shapes), the Triton backend vs the torch
-#      backend over an FP8 cache, torch._scaled_mm vs its float emulation at llama-8b projection shapes;
+#      backend over an FP8 cache, torch._scaled_mm vs its float emulation at llama-8b projection shapes, the
+#      prefill kernel (every swept tile shape and loop option, and the gpu-marked bf16 real shapes);
 #   2. scripts/fp8_layer_error.py on the dummy llama-3.1-8b (bf16): per-layer and logit error of FP8 KV, FP8
 #      weights and both against bf16, 4 x 1,024-token prompts + 8 teacher-forced decode steps; baselines: bf16
 #      against the same weights in fp32 (the error bf16 itself makes on this random model) and FP8 KV with
@@ -36,7 +37,7 @@ if want 1; then
   step "FP8 kernel and layer tests (CUDA)"
   # the whole log to the file (every failure, short tracebacks); the summary lines to the console
   timeout 150 $PY -m pytest tests/kernels/test_fp8_kv_cache.py tests/kernels/test_fp8_quant.py tests/kernels/test_triton_backend.py \
-    tests/engine/test_fp8_linear.py -q -p no:cacheprovider -rfEs --tb=short > "$OUT/fp8_kernel_tests_${COMMIT}.log" 2>&1
+    tests/kernels/test_paged_prefill_attention.py tests/engine/test_fp8_linear.py -q -p no:cacheprovider -rfEs --tb=short > "$OUT/fp8_kernel_tests_${COMMIT}.log" 2>&1
   grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/fp8_kernel_tests_${COMMIT}.log" | tail -40
 fi
 
