@@ -109,6 +109,7 @@ def _decode_split_kernel(
     QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT_OUT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, Q_PAD: tl.constexpr, REDUCE_TILE: tl.constexpr, INTERLEAVE: tl.constexpr,
+    MERGE_2D: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -163,7 +164,7 @@ def _decode_split_kernel(
                 counters_ptr + seq * tl.num_programs(1) + kv_head, part_out_ptr, part_lse_ptr,
                 out_ptr + seq * stride_os + first_head * stride_oh,
                 (seq * (QUERIES_PER_KV * tl.num_programs(1)) + first_head) * num_splits, num_splits, active,
-                stride_oh, QUERIES_PER_KV, Q_PAD, HEAD_DIM, REDUCE_TILE,
+                stride_oh, QUERIES_PER_KV, Q_PAD, HEAD_DIM, REDUCE_TILE, MERGE_2D,
             )  # fmt: skip
 
 
@@ -273,6 +274,7 @@ def paged_decode_attention(
     counters: torch.Tensor | None = None,
     interleave: bool = False,
     min_split_tokens: int = 1,
+    merge_2d: bool = False,
 ) -> torch.Tensor:  # [num_seqs, num_q_heads, head_dim], q.dtype
     """Attention of one query token per sequence over `context_lens[s]` cached tokens (tokens 0..n-1).
 
@@ -291,7 +293,8 @@ def paged_decode_attention(
     one contiguous run (its first block-table load then does not wait for the context length).
     `min_split_tokens` (>= 1): only ceil(context_lens[s] / min_split_tokens) of the num_splits programs
     (at least 1) read KV, so a graph captured at the full model length splits a short context less (and
-    the fused merge reads fewer partials); 1 leaves every split that has a tile working.
+    the fused merge reads fewer partials); 1 leaves every split that has a tile working. `merge_2d`: the
+    fused merge one query head at a time in 2-D tiles (kernels/split_k_finish.py).
     Raises ValueError on bad shapes, dtypes or layouts.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES)
@@ -346,7 +349,7 @@ def paged_decode_attention(
         QUERIES_PER_KV=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT_OUT=direct,
         FUSED_REDUCE=fused, Q_PAD=max(2, triton.next_power_of_2(group)), REDUCE_TILE=reduce_tile,
-        INTERLEAVE=interleave,
+        INTERLEAVE=interleave, MERGE_2D=merge_2d,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if not direct and not fused:

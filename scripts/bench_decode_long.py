@@ -5,7 +5,8 @@ variants of VARIANTS in the same run: `two_kernel` (6e21304's path: split kernel
 `fused` (the launcher's default: the split kernel's last program per sequence and kv head merges, one
 launch), `fused_32` (fused, at most 32 splits: one round of loads in the merge) and `fused_interleaved`
 (fused, split s reading tiles s, s + splits, ...: its first block-table load does not wait for the length),
-`fused_mst512` (fused, one active split per 512 tokens of the actual context: 32 at 16k, all 132 from 66k).
+`fused_mst512` (fused, one active split per 512 tokens of the actual context: 32 at 16k, all 132 from 66k),
+`fused_2d` (fused, the merge one query head at a time in 2-D tiles, its loop not pipelined).
 Reports KV bytes read over the measured device-to-device copy bandwidth; issue 21's target is >= 70% at
 batch 1-4, 16k-128k.
 Every case also checks each variant against two_kernel (max |diff|), and batch 1 at 16k against the torch
@@ -61,6 +62,7 @@ VARIANTS = {
     "fused_32": lambda b: dict(num_splits=min(32, heuristic_splits(b)), fuse_reduce=True, reduce_tile=32),
     "fused_interleaved": lambda b: dict(num_splits=heuristic_splits(b), fuse_reduce=True, interleave=True),
     "fused_mst512": lambda b: dict(num_splits=heuristic_splits(b), fuse_reduce=True, min_split_tokens=512),
+    "fused_2d": lambda b: dict(num_splits=heuristic_splits(b), fuse_reduce=True, merge_2d=True),
 }
 
 

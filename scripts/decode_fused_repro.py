@@ -9,10 +9,12 @@ tokens, 32 q / 8 kv heads, head_dim 128, bf16, block size 16, shuffled block tab
                stream) with a torch.cuda.synchronize() between them;
   side_overlap the same without the sync, as the bench did at c518670 (the eager launch and the side
                stream's launches may overlap and share the counter buffer);
-  two_streams  fused launches on two streams at once, each with its own counter buffer.
+  two_streams  fused launches on two streams at once, each with its own counter buffer;
+  eager_2d, side_overlap_2d   eager and side_overlap with merge_2d=True (the merge in 2-D tiles, one query
+               head at a time, its loop not pipelined).
 With SANITIZE=1 the first failing step is run again under `compute-sanitizer --tool memcheck` (the first
-errors and the kernel that made them; at most 150 s). Usage: python scripts/decode_fused_repro.py [--out FILE.json]
-(about 40 s on an H200; a sanitizer run adds about 30 s per failing step).
+errors and the kernel that made them; at most 90 s). Usage: python scripts/decode_fused_repro.py [--out FILE.json]
+(about 50 s on an H200; a sanitizer run of the first failing step adds up to 90 s).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-STEPS = ("eager", "graph", "side_sync", "side_overlap", "two_streams")
+STEPS = ("eager", "graph", "side_sync", "side_overlap", "two_streams", "eager_2d", "side_overlap_2d")
 
 
 def setup():
@@ -49,9 +51,12 @@ def run_step(step: str) -> dict:
 
     q, k_cache, v_cache, bt, lens = setup()
 
+    merge_2d = step.endswith("_2d")
+    step = step.removesuffix("_2d")
+
     def call(fuse, out=None, counters=None):
         return paged_decode_attention(q, k_cache, v_cache, bt, lens, 128**-0.5, out=out, fuse_reduce=fuse,
-                                      max_context_len=131072, counters=counters)
+                                      max_context_len=131072, counters=counters, merge_2d=merge_2d and fuse)
 
     ref = call(False)
     torch.cuda.synchronize()
@@ -93,7 +98,7 @@ def run_step(step: str) -> dict:
         torch.cuda.synchronize()
         diffs.extend(outs)
     torch.cuda.synchronize()
-    return {"step": step, "ok": True,
+    return {"step": step + ("_2d" if merge_2d else ""), "ok": True,
             "max_abs_diff_vs_two_kernel": max((d.float() - ref.float()).abs().max().item() for d in diffs)}
 
 
@@ -112,7 +117,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--step", step]
         res = _run(cmd, env, 60)
         if not res["ok"] and os.environ.get("SANITIZE") and not any("sanitizer_tail" in r for r in results):
-            san = _run(["compute-sanitizer", "--tool", "memcheck", "--print-limit", "4", *cmd], env, 150)
+            san = _run(["compute-sanitizer", "--tool", "memcheck", "--print-limit", "4", *cmd], env, 90)
             res["sanitizer_tail"] = san["tail"]
         results.append(res)
         print(json.dumps({k: v for k, v in res.items() if k != "tail"} | {"tail": res["tail"][-600:]}), flush=True)

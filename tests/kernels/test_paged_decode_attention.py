@@ -44,17 +44,19 @@ MERGE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("fuse,interleave", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("fuse,interleave,merge_2d", [(True, False, False), (False, False, False),
+                                                      (True, True, False), (True, False, True)])
 @pytest.mark.parametrize("context_lens,hq,hk,splits,tile", MERGE_CASES)
-def test_fused_and_two_kernel_merges_match_reference(device, fuse, interleave, context_lens, hq, hk, splits,
-                                                     tile):
+def test_fused_and_two_kernel_merges_match_reference(device, fuse, interleave, merge_2d, context_lens, hq, hk,
+                                                     splits, tile):
     gen = torch.Generator().manual_seed(len(context_lens) * 31 + splits)
     k_cache, v_cache, bt, lens = make_paged_kv(context_lens, hk, 64, 16, torch.float32, device, gen=gen)
     q = torch.randn(len(context_lens), hq, 64, generator=gen).to(device)
     counters = torch.zeros(len(context_lens) * hk + 5, dtype=torch.int32, device=device)
     out = poisoned(q.shape, q.dtype, device)
     paged_decode_attention(q, k_cache, v_cache, bt, lens, 0.125, out=out, num_splits=splits,
-                           fuse_reduce=fuse, reduce_tile=tile, counters=counters, interleave=interleave)
+                           fuse_reduce=fuse, reduce_tile=tile, counters=counters, interleave=interleave,
+                           merge_2d=merge_2d)
     ref = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens, 0.125)
     ref = torch.where(lens[:, None, None] > 0, ref, 0.0)  # the reference's softmax over no tokens is NaN
     assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
@@ -192,8 +194,9 @@ def test_decode_bf16_real_shapes(hq, hk, bs, splits, fuse):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fuse,interleave", [(True, False), (False, False), (True, True)])
-def test_decode_cuda_graph_replay(fuse, interleave):
+@pytest.mark.parametrize("fuse,interleave,merge_2d", [(True, False, False), (False, False, False),
+                                                      (True, True, False), (True, False, True)])
+def test_decode_cuda_graph_replay(fuse, interleave, merge_2d):
     """Captured once, replayed with new queries and lengths: equal to the reference each time (the fused
     merge's counters come back to zero inside the graph, no host reset)."""
     lens = [700, 3, 2049, 128]
@@ -201,7 +204,7 @@ def test_decode_cuda_graph_replay(fuse, interleave):
     q = torch.randn(4, 32, 128, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(q)
     max_len = bt.shape[1] * 16
-    kw = dict(out=out, max_context_len=max_len, fuse_reduce=fuse, interleave=interleave)
+    kw = dict(out=out, max_context_len=max_len, fuse_reduce=fuse, interleave=interleave, merge_2d=merge_2d)
     paged_decode_attention(q, k_cache, v_cache, bt, lens_t, 0.088, **kw)  # compile
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -222,8 +225,9 @@ def test_fused_merge_many_launches_bf16():
     q = torch.randn(50, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     ref = [paged_decode_attention(q[i], k_cache, v_cache, bt, lens, 0.088, num_splits=132, fuse_reduce=False)
            for i in range(50)]
-    for interleave in (False, True):
+    for interleave, merge_2d in ((False, False), (True, False), (False, True)):
         outs = [paged_decode_attention(q[i], k_cache, v_cache, bt, lens, 0.088, num_splits=132,
-                                       fuse_reduce=True, interleave=interleave) for i in range(50)]
+                                       fuse_reduce=True, interleave=interleave, merge_2d=merge_2d)
+                for i in range(50)]
         for o, r in zip(outs, ref):
             assert_rel_close(o, r, 1e-3)  # one split of 132 missing would be ~1e-2 off
