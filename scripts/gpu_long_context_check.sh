@@ -27,7 +27,7 @@ started=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/nvidia_smi.txt"
 
 step "decode attention kernel tests (CUDA)"
-timeout 100 $PY -m pytest tests/kernels/test_paged_decode_attention.py -q -p no:cacheprovider -rs 2>&1 | tail -8 \
+timeout 150 $PY -m pytest tests/kernels/test_paged_decode_attention.py -q -p no:cacheprovider -rs 2>&1 | tail -8 \
   | tee "$OUT/decode_kernel_tests_${COMMIT}.log"
 
 step "fused merge repro (each step its own process)"
