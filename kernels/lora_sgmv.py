@@ -45,8 +45,10 @@ _MAX_BLOCK_R = 64  # rank rows per shrink program (larger ranks: several rank bl
 # for, where a block of 64 did four times the tensor-core work on zero rows; a rank-64 one does four steps
 _EXPAND_BLOCK_R = 16
 # steps of at most this many tokens run sgmv_fused (one launch per projection); LORA_FUSED_MAX_TOKENS sets it
-# (0: never; A/B runs of bench_lora.py / bench_lora_kernels.py on a GPU)
-FUSED_MAX_TOKENS = int(os.environ.get("LORA_FUSED_MAX_TOKENS", "2"))
+# (0: never; A/B runs of bench_lora.py / bench_lora_kernels.py on a GPU). Default 0 (OFF): on the H200 at
+# 8ea6fb5 batch-1 ITL with it on was 5.403 ms (+15.7% over base) against 5.244 ms (+12.7%) with the two
+# kernels at c518670 (benchmarks/results/lora_h200_llama8b_8ea6fb5.json, ..._c518670.json): slower, not faster.
+FUSED_MAX_TOKENS = int(os.environ.get("LORA_FUSED_MAX_TOKENS", "0"))
 # ... for inputs of at most this many features: a program's shrink walks all of in_features alone, so
 # down_proj's 14,336 keeps the split-K shrink and the separate expand
 FUSED_MAX_IN_FEATURES = 8192

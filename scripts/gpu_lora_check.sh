@@ -69,8 +69,9 @@ if want micro; then
 fi
 
 if want bench; then
-  # batch-1 ITL base vs rank-16 (itl_ms in the JSON) with the fused LoRA kernel at T <= FUSED_MAX_TOKENS
-  # (LORA_FUSED_MAX_TOKENS=0 in the environment: the two-kernel SGMV, c518670's path); ~100 s
+  # batch-1 ITL base vs rank-16 (itl_ms in the JSON); the two-kernel SGMV by default (c518670's path; the fused
+  # kernel with LORA_FUSED_MAX_TOKENS=2, 64-token prefill tiles with LORA_PREFILL_TILE_ROWS=1024: both were
+  # slower at 8ea6fb5); ~100 s
   step "bench_lora (llama-3.1-8b dummy, ${NUM_REQUESTS:-240} requests)"
   GIT_COMMIT=$COMMIT timeout 240 $PY scripts/bench_lora.py --num-requests "${NUM_REQUESTS:-240}" \
     --out "$OUT/lora_h200_llama8b_${COMMIT}.json" 2>&1 | tail -40 | tee "$OUT/bench_lora_${COMMIT}.log"

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from kernels.lora_sgmv import (
-    FUSED_MAX_TOKENS,
     PREFILL_TILE_M,
     TILE_M,
     build_tiles,
@@ -136,9 +135,10 @@ def test_prefill_tiles_of_64_tokens_equal_tiles_of_16(dtype, device):
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_equals_shrink_then_expand(token_slots, ranks, dtype, device):
-    """`sgmv_fused` (steps of <= FUSED_MAX_TOKENS tokens) gives what the two kernels give, and the reference;
+    """`sgmv_fused` (steps of 1-2 tokens, when LORA_FUSED_MAX_TOKENS turns it on) gives what the two kernels
+    give, and the reference;
     padded graph buffers (tokens and tiles sized for 16 rows) too."""
-    assert len(token_slots) <= FUSED_MAX_TOKENS
+    assert len(token_slots) <= 2
     sizes = [24, 8, 8]
     x, a, b, ranks_t = case(token_slots, 300, sizes, ranks, dtype, seed=7, device=device)
     tokens, tiles, _ = meta(token_slots, ranks_t.shape[1], device, token_cap=16, tile_cap=max_tiles(16, 3))

@@ -103,8 +103,10 @@ def test_large_eager_steps_take_64_token_sgmv_tiles(llm, adapter_dirs, prompts, 
     import shared_engine.model_executor.layers.lora as lora_layers
     from kernels.lora_sgmv import PREFILL_TILE_M, TILE_M
 
+    assert lora_layers.step_tile_m(8192, graphed=False) == TILE_M  # off by default (slower on the H200)
+    monkeypatch.setattr(lora_layers, "PREFILL_TILE_ROWS", 1024)
     assert lora_layers.step_tile_m(8192, graphed=True) == TILE_M and lora_layers.step_tile_m(1, False) == TILE_M
-    assert lora_layers.step_tile_m(lora_layers.PREFILL_TILE_ROWS, False) == PREFILL_TILE_M
+    assert lora_layers.step_tile_m(1024, False) == PREFILL_TILE_M
     monkeypatch.setattr(lora_layers, "PREFILL_TILE_ROWS", len(prompts[-1]))
     ctx = llm.engine.runner.lora.ctx
     seen = []

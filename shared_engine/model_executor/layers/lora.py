@@ -32,6 +32,8 @@ launches per layer. Skipping a group is exact: none of the step's slots holds a 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from torch import nn
@@ -39,17 +41,23 @@ from torch import nn
 # graph variants (the fourth element of a CUDA graph key; LORA_ALL == True, so keys built with True mean all)
 LORA_NONE, LORA_ALL, LORA_ATTENTION = 0, 1, 2
 ATTENTION_GROUPS = frozenset({"qkv", "o"})
-PREFILL_TILE_ROWS = 1024  # eager steps of at least this many token rows take 64-token SGMV tiles
+# eager steps of at least this many token rows take 64-token SGMV tiles; 0 (the default) never: on the H200 at
+# 8ea6fb5 (1024 then) 30 rank-16 adapters gave 9,459 output tok/s against 10,307 with 16-token tiles everywhere
+# at c518670 (benchmarks/results/lora_h200_llama8b_8ea6fb5.json, ..._c518670.json). LORA_PREFILL_TILE_ROWS
+# sets it for A/B runs on a GPU.
+PREFILL_TILE_ROWS = int(os.environ.get("LORA_PREFILL_TILE_ROWS", "0"))
 
 
 def step_tile_m(num_tokens: int, graphed: bool) -> int:
     """The SGMV tile (tokens) for a step: `TILE_M` (16) in CUDA graphs, which were captured with it, and in
     small eager steps (decodes: a few tokens per adapter); `PREFILL_TILE_M` (64) in eager steps of at least
-    PREFILL_TILE_ROWS rows (prefill chunks: long runs of one adapter's tokens, so each tile reads its
-    adapter's A and B for 64 tokens and a quarter of the programs launch)."""
+    PREFILL_TILE_ROWS rows when that is set, not by default (prefill chunks: long runs of one adapter's
+    tokens, so each tile reads its adapter's A and B for 64 tokens and a quarter of the programs launch)."""
     from kernels.lora_sgmv import PREFILL_TILE_M, TILE_M
 
-    return TILE_M if graphed or num_tokens < PREFILL_TILE_ROWS else PREFILL_TILE_M
+    if graphed or not PREFILL_TILE_ROWS or num_tokens < PREFILL_TILE_ROWS:
+        return TILE_M
+    return PREFILL_TILE_M
 
 
 class LoRAContext:
