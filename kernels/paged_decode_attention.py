@@ -109,8 +109,11 @@ def _decode_split_kernel(
     QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT_OUT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, Q_PAD: tl.constexpr, REDUCE_TILE: tl.constexpr, INTERLEAVE: tl.constexpr,
-    MERGE_2D: tl.constexpr,
+    MERGE_2D: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    if PDL:  # launched while the previous kernel ends: wait for its writes (q, the KV cache), then let the
+        tl.extra.cuda.gdc_wait()  # reduce kernel (if any) launch early; it waits for this one in turn
+        tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -171,12 +174,14 @@ def _decode_split_kernel(
 @serving_jit(ints=("num_splits",))
 def _decode_reduce_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride_os, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_TILE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_TILE: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (sequence, query head, BLOCK_D slice of head_dim): at batch 1 with 32 query heads and
     head_dim 128 that is 128 programs, most of the 132 SMs, where one program per head used 32. One pass over
     the splits, SPLITS_TILE at a time with an online log-sum-exp (a single tile up to MAX_SPLITS: the partial
     outputs and their lse are loaded together, one round of loads; any split count, one compile)."""
+    if PDL:  # launched before the split kernel ends (programmatic dependent launch): wait for its partials
+        tl.extra.cuda.gdc_wait()
     seq = tl.program_id(0)
     head = tl.program_id(1)
     row0 = (seq * tl.num_programs(1) + head) * num_splits
@@ -206,13 +211,16 @@ def reduce_splits(
     part_lse: torch.Tensor,  # [num_seqs, num_q_heads, num_splits] fp32, log2 domain (-inf: empty split)
     out: torch.Tensor,  # [num_seqs, num_q_heads, head_dim], rows strided, head_dim contiguous
     num_splits: int,
+    pdl: bool = False,
 ) -> None:
-    """Merge per-split partial outputs into `out` (the second kernel of split-K decode attention)."""
+    """Merge per-split partial outputs into `out` (the second kernel of split-K decode attention). `pdl`:
+    launch it as a programmatic dependent launch (Hopper; Triton's launch_pdl) that waits in-kernel."""
     num_seqs, num_q_heads, head_dim = out.shape
     block_d = min(head_dim, 32)
     _decode_reduce_kernel[(num_seqs, num_q_heads, head_dim // block_d)](
         part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS_TILE=MAX_SPLITS, num_warps=4,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS_TILE=MAX_SPLITS, num_warps=4, PDL=pdl,
+        **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
 
 
@@ -275,6 +283,7 @@ def paged_decode_attention(
     interleave: bool = False,
     min_split_tokens: int = 1,
     merge_2d: bool = False,
+    pdl: bool = False,
 ) -> torch.Tensor:  # [num_seqs, num_q_heads, head_dim], q.dtype
     """Attention of one query token per sequence over `context_lens[s]` cached tokens (tokens 0..n-1).
 
@@ -294,7 +303,9 @@ def paged_decode_attention(
     `min_split_tokens` (>= 1): only ceil(context_lens[s] / min_split_tokens) of the num_splits programs
     (at least 1) read KV, so a graph captured at the full model length splits a short context less (and
     the fused merge reads fewer partials); 1 leaves every split that has a tile working. `merge_2d`: the
-    fused merge one query head at a time in 2-D tiles (kernels/split_k_finish.py).
+    fused merge one query head at a time in 2-D tiles (kernels/split_k_finish.py). `pdl`: both kernels as
+    programmatic dependent launches (Hopper; needs Triton's launch_pdl), each waiting in-kernel for the
+    kernel before it, so their launches overlap the previous kernel's end.
     Raises ValueError on bad shapes, dtypes or layouts.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES)
@@ -349,11 +360,11 @@ def paged_decode_attention(
         QUERIES_PER_KV=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT_OUT=direct,
         FUSED_REDUCE=fused, Q_PAD=max(2, triton.next_power_of_2(group)), REDUCE_TILE=reduce_tile,
-        INTERLEAVE=interleave, MERGE_2D=merge_2d,
+        INTERLEAVE=interleave, MERGE_2D=merge_2d, PDL=pdl, **({"launch_pdl": True} if pdl else {}),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if not direct and not fused:
-        reduce_splits(part_out, part_lse, out, num_splits)
+        reduce_splits(part_out, part_lse, out, num_splits, pdl=pdl)
     return out
 
 

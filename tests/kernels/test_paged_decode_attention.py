@@ -193,10 +193,19 @@ def test_decode_bf16_real_shapes(hq, hk, bs, splits, fuse):
     assert_rel_close(out, ref, rel_tol(torch.bfloat16, "cuda"))
 
 
+def _has_pdl() -> bool:
+    import triton.language.extra.cuda as tl_cuda
+
+    return hasattr(tl_cuda, "gdc_wait")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("fuse,interleave,merge_2d", [(True, False, False), (False, False, False),
-                                                      (True, True, False), (True, False, True)])
-def test_decode_cuda_graph_replay(fuse, interleave, merge_2d):
+@pytest.mark.parametrize("fuse,interleave,merge_2d,pdl", [
+    (True, False, False, False), (False, False, False, False), (True, True, False, False),
+    (True, False, True, False), (False, False, False, True), (True, False, False, True)])
+def test_decode_cuda_graph_replay(fuse, interleave, merge_2d, pdl):
+    if pdl and not _has_pdl():
+        pytest.skip("this Triton has no programmatic dependent launch (gdc_wait)")
     """Captured once, replayed with new queries and lengths: equal to the reference each time (the fused
     merge's counters come back to zero inside the graph, no host reset)."""
     lens = [700, 3, 2049, 128]
@@ -204,7 +213,8 @@ def test_decode_cuda_graph_replay(fuse, interleave, merge_2d):
     q = torch.randn(4, 32, 128, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(q)
     max_len = bt.shape[1] * 16
-    kw = dict(out=out, max_context_len=max_len, fuse_reduce=fuse, interleave=interleave, merge_2d=merge_2d)
+    kw = dict(out=out, max_context_len=max_len, fuse_reduce=fuse, interleave=interleave, merge_2d=merge_2d,
+              pdl=pdl)
     paged_decode_attention(q, k_cache, v_cache, bt, lens_t, 0.088, **kw)  # compile
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
