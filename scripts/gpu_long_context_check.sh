@@ -6,15 +6,18 @@
 #      timing pattern with and without a sync / two streams, each step in its own process (SANITIZE=1: a
 #      failing step again under compute-sanitizer memcheck);
 #   2. scripts/bench_decode_long.py: batch 1/2/4 x 16k-128k in CUDA graphs, the two-kernel path (6e21304)
-#      vs the fused merge (one launch) in the same run, % of copy bandwidth (target >= 70%), diagnostics;
+#      vs the fused merge (one launch) and the other variants (interleaved tiles, min_split_tokens, 2-D
+#      merge, programmatic dependent launch) in the same run, each in its own process, % of copy bandwidth
+#      (target >= 70%), output checks, diagnostics;
 #   3. scripts/bench_kv_offload.py: 2,048 llama-3.1-8b blocks (4 GiB) GPU -> pinned host -> GPU through the
 #      offloader's side stream, GB/s each way (the capacity model assumes 50), bit-identical check;
 #   4. tests/engine/test_kv_offload.py on CUDA (bf16, CUDA graphs, async scheduling): restored KV bit-identical,
 #      greedy output equal to a GPU prefix hit, counters.
-# Each step has its own time limit. Estimate on one H200, cold Triton cache: ~40 + ~40 + ~130 + ~30 + ~70 s
+# Each step has its own time limit. Estimate on one H200, cold Triton cache: ~50 + ~60 + ~150 + ~30 + ~70 s
 # (SWEEP=1: step 2 also sweeps merge path x splits x reduce tile and BLOCK_N x stages x warps, about 140 s
 # more; SANITIZE=1: up to 90 s more when a repro step fails; DECODE_ONLY=1: steps 1-2 only).
-#   GIT_COMMIT=<sha> [SWEEP=1] [DECODE_ONLY=1] scripts/gpu_long_context_check.sh OUTDIR   (the device copy has no .git)
+#   GIT_COMMIT=<sha> [SWEEP=1] [SANITIZE=1] [DECODE_ONLY=1] scripts/gpu_long_context_check.sh OUTDIR
+#   (the device copy has no .git)
 set -uo pipefail
 OUT=${1:?usage: gpu_long_context_check.sh OUTDIR}
 mkdir -p "$OUT"
