@@ -3,6 +3,7 @@ each) instead of one contiguous run. A contiguous split's first position depends
 (length / S), so a program waits for that load before it can read its block table, then for the block table
 before K/V: three dependent rounds. Here the first tile's position is s * BLOCK_N, so its block-table load
 is issued beside the context-length load: two rounds. Splits get equal work to within one tile at any length.
+Each tile's V load is also issued together with its K load (attend_tile), not after the q.k product.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def attend_tile(
     tok_off = block * stride_cb + (pos % BLOCK_SIZE) * stride_ct + head_off  # [BLOCK_N]
     kv_off = tok_off[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
     k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)
+    # V is loaded before the q.k product, so both tiles are in flight together (the dot's operand staging
+    # through shared memory has barriers that keep the compiler from moving a later load above it).
+    v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)
     s = tl.dot(q, tl.trans(k)) * qk_scale  # [ROWS, BLOCK_N]
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -30,7 +34,6 @@ def attend_tile(
     alpha = tl.exp2(m_i - m_ref)
     p = tl.exp2(s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
 
