@@ -13,8 +13,8 @@ tokens, 32 q / 8 kv heads, head_dim 128, bf16, block size 16, shuffled block tab
   eager_2d, side_overlap_2d   eager and side_overlap with merge_2d=True (the merge in 2-D tiles, one query
                head at a time, its loop not pipelined).
 With SANITIZE=1 the first failing step is run again under `compute-sanitizer --tool memcheck` (the first
-errors and the kernel that made them; at most 90 s). Usage: python scripts/decode_fused_repro.py [--out FILE.json]
-(about 50 s on an H200; a sanitizer run of the first failing step adds up to 90 s).
+errors and the kernel that made them; at most 60 s). Usage: python scripts/decode_fused_repro.py [--out FILE.json]
+(about 50 s on an H200; a sanitizer run of the first failing step adds up to 60 s).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--step", step]
         res = _run(cmd, env, 60)
         if not res["ok"] and os.environ.get("SANITIZE") and not any("sanitizer_tail" in r for r in results):
-            san = _run(["compute-sanitizer", "--tool", "memcheck", "--print-limit", "4", *cmd], env, 90)
+            san = _run(["compute-sanitizer", "--tool", "memcheck", "--print-limit", "4", *cmd], env, 60)
             res["sanitizer_tail"] = san["tail"]
         results.append(res)
         print(json.dumps({k: v for k, v in res.items() if k != "tail"} | {"tail": res["tail"][-600:]}), flush=True)

@@ -15,7 +15,7 @@
 #      greedy output equal to a GPU prefix hit, counters.
 # Each step has its own time limit. Estimate on one H200, cold Triton cache: ~50 + ~60 + ~150 + ~30 + ~70 s
 # (SWEEP=1: step 2 also sweeps merge path x splits x reduce tile and BLOCK_N x stages x warps, about 140 s
-# more; SANITIZE=1: up to 90 s more when a repro step fails; DECODE_ONLY=1: steps 1-2 only).
+# more; SANITIZE=1: up to 60 s more when a repro step fails; DECODE_ONLY=1: steps 1-2 only).
 #   GIT_COMMIT=<sha> [SWEEP=1] [SANITIZE=1] [DECODE_ONLY=1] scripts/gpu_long_context_check.sh OUTDIR
 #   (the device copy has no .git)
 set -uo pipefail
@@ -34,11 +34,11 @@ timeout 150 $PY -m pytest tests/kernels/test_paged_decode_attention.py -q -p no:
   | tee "$OUT/decode_kernel_tests_${COMMIT}.log"
 
 step "fused merge repro (each step its own process)"
-timeout 150 $PY scripts/decode_fused_repro.py --out "$OUT/decode_fused_repro_${COMMIT}.json" 2>&1 | cut -c 1-700 \
+timeout 120 $PY scripts/decode_fused_repro.py --out "$OUT/decode_fused_repro_${COMMIT}.json" 2>&1 | cut -c 1-700 \
   | tee "$OUT/decode_fused_repro_${COMMIT}.log"
 
 step "decode at small batch, long context (CUDA graphs)"
-timeout 330 $PY scripts/bench_decode_long.py ${SWEEP:+--sweep} --out "$OUT/decode_long_h200_${COMMIT}.json" 2>&1 \
+timeout 300 $PY scripts/bench_decode_long.py ${SWEEP:+--sweep} --out "$OUT/decode_long_h200_${COMMIT}.json" 2>&1 \
   | grep -v '^{' | tail -40 \
   | tee "$OUT/bench_decode_long_${COMMIT}.log"
 
