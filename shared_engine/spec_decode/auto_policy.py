@@ -13,22 +13,33 @@ throughput x each request independently takes the k_r that maximises E_r(k_r) - 
 recomputed (with c2 once any k_r > 0); the plain step is kept unless that beats it. A draft is worth its cost
 only when its chance of being accepted beats the step time it adds per token of throughput, so at large
 batches (x large) or low acceptance every k_r is 0 and the step is plain decoding, and speculation comes back
-when the batch shrinks or a request's rate recovers. Until the fit has `_MIN_STEPS` steps with at least two
-token counts, every request gets k (so the steps it learns from include speculative shapes).
+when the batch shrinks or a request's rate recovers.
+
+What exploring costs is bounded (issue 17; measured on the H200 at c518670, llama-3.1-8b dummy, 1000-token
+prompts, forced acceptance 0.8, benchmarks/results/spec_decode_h200_replay_c518670.json): a speculative step
+there cost 2.7x a plain one at batch 64, 4.6x at 256 and 4.0x at 448 (k = 3), so the 16 steps every request
+used to speculate on before the fit existed (14-15% of a 128-token run's steps) lost 6-25% of throughput on
+their own, and their uneven progress left a tail of small steps. Now, before the fit: `_PROBE_STEPS` steps
+with drafts (one: it gives the fit its speculative shape, so c2), plain steps after them. After a decision
+with no drafts, `max_drafts` asks whether any k could pay at this batch with every request at the highest rate
+the last decision saw (rates change only by speculating; a new request has the prior), from the fit alone, in
+O(k): a step it declines is not resolved early, so async scheduling overlaps it as with speculation
+unconfigured (no periodic re-check, no early resolve when the batch merely shrinks). Until the fit has
+`_MIN_STEPS` steps with at least two token counts, steps are plain once the probes are spent.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 
 import numpy as np
 
 _WINDOW = 256
-_MIN_STEPS = 16
+_MIN_STEPS = 8
 _PRIOR_DRAFTS = 4
 _PRIOR_RATE = 0.5
 _ITERATIONS = 4
-_RECHECK_STEPS = 16
+_PROBE_STEPS = 1  # steps with drafts before the fit exists
 
 
 def expected_tokens(rate: float, k: int) -> float:
@@ -50,8 +61,8 @@ class AutoPolicy:
         self._fit: tuple[float, float, float] | None = None
         self._dirty = False
         self._last_drafted = True  # the last `num_drafts` gave some request a draft
-        self._last_batch = 0
-        self._skipped = 0
+        self._last_rates: list[tuple[float, int]] = []  # the last `num_drafts`'s rates, highest first, counted
+        self._probes_left = _PROBE_STEPS
 
     def observe_step(self, num_tokens: int, speculative: bool, seconds: float) -> None:
         self._steps.append((num_tokens, speculative, seconds))
@@ -67,36 +78,61 @@ class AutoPolicy:
 
     def max_drafts(self, num_running: int) -> int:
         """Whether the next step may speculate, before its requests' tokens are resolved (the async stepper
-        then resolves the step in flight first): k unless the last decision gave no drafts at a batch at least
-        this large, fewer than `_RECHECK_STEPS` steps ago."""
-        if self.step_time() is None or self._last_drafted or num_running < self._last_batch:
+        resolves the step in flight first only when this is > 0): before the fit, k while a probe is left;
+        after a decision with drafts, k; else k only if `num_running` requests at the highest of the rates
+        the last decision saw (the prior's for any beyond them) would speculate: rates change only by
+        speculating, so this bounds what `num_drafts` can choose, in O(distinct rates * k)."""
+        fit = self.step_time()
+        if fit is None:
+            return self.k if self._probes_left > 0 else 0
+        if self._last_drafted:
             return self.k
-        self._skipped += 1
-        if self._skipped >= _RECHECK_STEPS:
-            self._skipped = 0
-            return self.k
-        return 0
+        groups, left = [], num_running
+        for rate, count in self._last_rates:
+            if left <= 0:
+                break
+            groups.append((rate, min(count, left)))
+            left -= groups[-1][1]
+        if left > 0:
+            groups.append((_PRIOR_RATE, left))
+        tables = [[expected_tokens(rate, k) for k in range(self.k + 1)] for rate, _ in groups]
+        return self.k if any(_choose(fit, tables, [n for _, n in groups], num_running)) else 0
 
     def num_drafts(self, requests: list, num_running: int) -> list[int]:
         fit = self.step_time()
-        if fit is None:
-            return [self.k] * len(requests)
-        c0, c1, c2 = fit
-        tables = [[expected_tokens(acceptance_rate(r), k) for k in range(self.k + 1)] for r in requests]
-        best = [0] * len(requests)
-        x = num_running / (c0 + c1 * num_running)  # plain decoding's tokens per second
-        for _ in range(_ITERATIONS):
-            price = x * c1  # tokens of throughput that one more token in the step costs
-            ks = [max(range(self.k + 1), key=lambda k, t=t: t[k] - price * k) for t in tables]
-            if not any(ks):
-                break
-            gain = sum(t[k] for t, k in zip(tables, ks)) + (num_running - len(requests))
-            x_new = gain / (c0 + c1 * (num_running + sum(ks)) + c2)
-            if x_new <= x * (1 + 1e-9):
-                break
-            best, x = ks, x_new
-        self._last_drafted, self._last_batch = any(best), num_running
+        if fit is None:  # a probe (its step gives the fit a speculative shape), then plain steps
+            drafting = self._probes_left > 0
+            self._probes_left -= drafting
+            return [self.k if drafting else 0] * len(requests)
+        rates = [acceptance_rate(r) for r in requests]
+        tables = [[expected_tokens(a, k) for k in range(self.k + 1)] for a in rates]
+        best = _choose(fit, tables, [1] * len(requests), num_running)
+        self._last_drafted = any(best)
+        self._last_rates = sorted(Counter(rates).items(), reverse=True)
         return best
+
+
+def _choose(fit: tuple[float, float, float], tables: list[list[float]], counts: list[int],
+            num_running: int) -> list[int]:
+    """Dinkelbach's iteration (module docstring): the draft length per group of requests (`counts[i]` requests
+    with expected-token table `tables[i]`, E(0) .. E(k)) that maximises the step's tokens per second, all 0
+    where the plain step is best. `num_running` counts every decode in the step (those not in a group get 1
+    token)."""
+    c0, c1, c2 = fit
+    k_max = len(tables[0]) - 1 if tables else 0
+    best = [0] * len(tables)
+    x = num_running / (c0 + c1 * num_running)  # plain decoding's tokens per second
+    for _ in range(_ITERATIONS):
+        price = x * c1  # tokens of throughput that one more token in the step costs
+        ks = [max(range(k_max + 1), key=lambda k, t=t: t[k] - price * k) for t in tables]
+        if not any(ks):
+            break
+        gain = sum(n * t[k] for t, k, n in zip(tables, ks, counts)) + (num_running - sum(counts))
+        x_new = gain / (c0 + c1 * (num_running + sum(n * k for k, n in zip(ks, counts))) + c2)
+        if x_new <= x * (1 + 1e-9):
+            break
+        best, x = ks, x_new
+    return best
 
 
 def _least_squares(steps) -> tuple[float, float, float] | None:

@@ -53,8 +53,12 @@ def test_policy_is_off_where_it_cannot_pay():
     policy = _policy(0.005, 2e-3)  # CPU-like: each token in a step costs 40% of a one-token step
     assert not any(policy.num_drafts(_requests(64, 100, 70), 64))
     assert policy.max_drafts(64) == 0  # so async scheduling keeps overlapping steps ...
-    assert policy.max_drafts(8) == 5  # ... until the batch shrinks
-    assert sum(policy.max_drafts(64) for _ in range(16)) == 5  # or, now and then, to look again
+    assert policy.max_drafts(8) == 0  # a shrinking batch resolves early only where drafting can pay:
+    assert not any(policy.num_drafts(_requests(8, 100, 70), 8))
+    policy.num_drafts(_requests(64, 100, 70), 64)
+    assert policy.max_drafts(4) == 5 and any(policy.num_drafts(_requests(4, 100, 70), 4))
+    policy.num_drafts(_requests(64, 100, 70), 64)
+    assert sum(policy.max_drafts(64) for _ in range(64)) == 0  # no periodic re-check where nothing changed
 
 
 def test_metric_names_and_per_position_labels():
