@@ -7,9 +7,12 @@ import json
 
 SENTIMENTS = ("positive", "neutral", "negative")
 # Characters per value: the instruction's "at most 25 / 20 words" with room (~7 characters a word), a product
-# name. They bound a constrained summary (~40 + 10 + 35 tokens of text + ~25 of keys and quotes: under the
-# rows' 160 max_completion_tokens), so the object always closes before max_tokens cuts it.
+# name. They bound a constrained summary's length in characters, and so in tokens: a token of ASCII text is at
+# least one character, so SUMMARY_MAX_TOKENS (>= max_summary_chars()) always lets the object close, even when
+# a small model loops on one- or two-character tokens ("11.11.11..."), which a 160-token cap cut (4 of 200 rows
+# in the_fix/results_compose_cpu_200.json). Summaries average ~70 tokens; the cap is not their length.
 MAX_CHARS = {"issue": 200, "product": 60, "next_action": 160}
+SUMMARY_MAX_TOKENS = 512
 SUMMARY_SCHEMA = {
     "type": "object",
     "properties": {
@@ -21,6 +24,15 @@ SUMMARY_SCHEMA = {
     "required": ["issue", "product", "sentiment", "next_action"],
     "additionalProperties": False,
 }
+
+
+def max_summary_chars() -> int:
+    """Characters of the longest object the schema allows, as the engine writes it (compact separators,
+    llguidance's JSON options; ASCII values without escapes)."""
+    longest = {k: "x" * MAX_CHARS[k] for k in ("issue", "product")}
+    longest["sentiment"] = max(SENTIMENTS, key=len)
+    longest["next_action"] = "x" * MAX_CHARS["next_action"]
+    return len(json.dumps(longest, separators=(", ", ": ")))
 
 
 def summary_problem(text: str | None) -> str | None:

@@ -66,7 +66,7 @@ def engine_config() -> Path:
         "seed": Param(0, type="integer"),
         "median_tokens": Param(600.0, type="number"),
         "max_ticket_tokens": Param(6000, type="integer"),
-        "max_completion_tokens": Param(160, type="integer", minimum=1),
+        "max_completion_tokens": Param(512, type="integer", minimum=1),  # summary_schema.SUMMARY_MAX_TOKENS
         "rows_per_shard": Param(100, type="integer", minimum=1),
         "gpu_hour_usd": Param(None, type=["null", "number"], description="default: the H200 profile's price"),
     },

@@ -38,6 +38,22 @@ def cpu_bars() -> list[tuple[str, float, float]]:
     return bars
 
 
+def compose_200_bars() -> list[tuple[str, float, float]] | None:
+    """(label, tickets/s, output tokens/s) of the 200-ticket compose runs (schema-constrained summaries, up to
+    160 tokens): the first attempt over the tickets it answered before its deadline, the fix over the shards'
+    engine seconds and over the whole DAG run. None until both files exist."""
+    first, fix = load("first_attempt/results_compose_cpu_200.json"), load("the_fix/results_compose_cpu_200.json")
+    if not (first and fix and fix.get("report")):
+        return None
+    rep = fix["report"]
+    return [(f"first attempt\n(engine, 4 at a time)\n{first['num_tickets']} tickets", first["tickets_per_s"],
+             first["output_tokens_per_s"]),
+            (f"the fix, engine time\n(run-batch per shard)\n{rep['num_rows']} tickets",
+             rep["num_rows"] / rep["engine_seconds"], rep["completion_tokens"] / rep["engine_seconds"]),
+            (f"the fix, whole DAG run\n(Airflow, 2 engine starts)\n{rep['num_rows']} tickets",
+             rep["num_rows"] / fix["dag_run_s"], rep["completion_tokens"] / fix["dag_run_s"])]
+
+
 def main() -> None:
     import matplotlib
 
@@ -59,6 +75,20 @@ def main() -> None:
                      fontsize=9)
         fig.tight_layout()
         fig.savefig(CASE / "plots" / "first_vs_fix_cpu.png", dpi=110)
+    bars = compose_200_bars()
+    if bars:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for ax, i, label in ((axes[0], 1, "tickets/s"), (axes[1], 2, "output tokens/s")):
+            drawn = ax.bar([b[0] for b in bars], [b[i] for b in bars], color=["#c44", "#4a4", "#8c8"])
+            ax.bar_label(drawn, fmt="%.3f" if i == 1 else "%.1f")
+            ax.set_ylabel(label)
+            ax.tick_params(axis="x", labelsize=7)
+        fix = load("the_fix/results_compose_cpu_200.json")
+        fig.suptitle(f"Compose, SmolLM2-135M-Instruct, shared 2-core CPU, JSON-constrained summaries (commit "
+                     f"{str(fix.get('commit', '?'))[:7]}): the_fix/ and first_attempt/results_compose_cpu_200.json",
+                     fontsize=8)
+        fig.tight_layout()
+        fig.savefig(CASE / "plots" / "first_vs_fix_compose_200.png", dpi=110)
     cost = load("cost_model.json")
     if cost:
         fig, ax = plt.subplots(figsize=(6, 3.5))

@@ -11,8 +11,9 @@ tokenizer on this English text, checked by tests/batch/test_tickets.py); `summar
 real token counts.
 
 Every row shares one instruction (tickets/instruction.md) as its system message, so all prompts share the
-same prefix for the prefix cache. Rows are greedy (temperature 0) with `max_completion_tokens` 160 (the
-brief's summaries are 100-150 tokens) and the summary's JSON schema as `response_format` (decoding is
+same prefix for the prefix cache. Rows are greedy (temperature 0) with `max_completion_tokens`
+SUMMARY_MAX_TOKENS (512: the schema's longest object, so a summary is never cut; they average ~70 tokens on
+SmolLM2, the brief's are 100-150) and the summary's JSON schema as `response_format` (decoding is
 constrained to it: batch/summary_schema.py). `fixed_output=True` (benchmarks on dummy weights, whose outputs never
 end by themselves) sets `ignore_eos` and a summary length drawn uniformly from 100-150 tokens per ticket.
 """
@@ -26,6 +27,8 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from case_batch_summarisation.batch.summary_schema import SUMMARY_MAX_TOKENS
 
 INSTRUCTION = (Path(__file__).with_name("instruction.md")).read_text().strip()
 TOKENS_PER_WORD = 1.3
@@ -126,7 +129,7 @@ def response_format() -> dict:
 
 
 def batch_row(t: dict, model: str | None, rng: random.Random, fixed_output: bool,
-              max_completion_tokens: int = 160, structured: bool = True) -> dict:
+              max_completion_tokens: int = SUMMARY_MAX_TOKENS, structured: bool = True) -> dict:
     body = {"messages": [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": render(t)}],
             "temperature": 0.0, "max_completion_tokens": max_completion_tokens}
     if model:
@@ -139,11 +142,11 @@ def batch_row(t: dict, model: str | None, rng: random.Random, fixed_output: bool
 
 
 def generate(num_tickets: int, seed: int = 0, spec: TicketSpec = TicketSpec(), model: str | None = None,
-             fixed_output: bool = False, start: int = 0, max_completion_tokens: int = 160,
+             fixed_output: bool = False, start: int = 0, max_completion_tokens: int = SUMMARY_MAX_TOKENS,
              structured: bool = True) -> Iterator[dict]:
     """Batch rows for tickets `start .. start + num_tickets - 1`; the same seed gives the same rows.
-    `max_completion_tokens` lower than 160 scales the summaries down (the CPU runs); `structured` adds the
-    summary's `response_format` (not with `fixed_output`: dummy weights make no summary to constrain)."""
+    A `max_completion_tokens` lower than SUMMARY_MAX_TOKENS may cut summaries (the early CPU runs); `structured`
+    adds the summary's `response_format` (not with `fixed_output`: dummy weights make no summary to constrain)."""
     rng = random.Random(seed)
     for i in range(start, start + num_tickets):
         yield batch_row(ticket(i, rng, spec), model, rng, fixed_output, max_completion_tokens, structured)
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=6000, help="longest ticket, in tokens")
     p.add_argument("--model", default=None, help="the body's model field (default: omitted)")
     p.add_argument("--fixed-output", action="store_true", help="ignore_eos + 100-150 output tokens (dummy weights)")
-    p.add_argument("--max-completion-tokens", type=int, default=160)
+    p.add_argument("--max-completion-tokens", type=int, default=SUMMARY_MAX_TOKENS)
     p.add_argument("--no-response-format", action="store_true", help="leave the summary unconstrained")
     p.add_argument("-o", "--output", type=Path, required=True)
     args = p.parse_args(argv)
