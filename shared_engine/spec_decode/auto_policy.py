@@ -19,13 +19,16 @@ What exploring costs is bounded (issue 17; measured on the H200 at c518670, llam
 prompts, forced acceptance 0.8, benchmarks/results/spec_decode_h200_replay_c518670.json): a speculative step
 there cost 2.7x a plain one at batch 64, 4.6x at 256 and 4.0x at 448 (k = 3), so the 16 steps every request
 used to speculate on before the fit existed (14-15% of a 128-token run's steps) lost 6-25% of throughput on
-their own, and their uneven progress left a tail of small steps. Now, before the fit: `_PROBE_STEPS` steps
-with drafts (one: it gives the fit its speculative shape, so c2), plain steps after them. After a decision
-with no drafts, `max_drafts` asks whether any k could pay at this batch with every request at the highest rate
-the last decision saw (rates change only by speculating; a new request has the prior), from the fit alone, in
-O(k): a step it declines is not resolved early, so async scheduling overlaps it as with speculation
-unconfigured (no periodic re-check, no early resolve when the batch merely shrinks). Until the fit has
-`_MIN_STEPS` steps with at least two token counts, steps are plain once the probes are spent.
+their own, and their uneven progress left a tail of small steps. Now a step drafting while c2 is unknown (no
+fit yet, or none of the window's steps drafted) is a probe, allowed only while the probes' steps so far take at
+most `_PROBE_SHARE` (1%) of all observed step time, the first free: one probe before the fit (all requests at
+k; it gives the fit its speculative shape, so c2), plain steps after it until the fit exists, and once the
+window has lost its last speculative step, the next probe when the budget allows (one step per 256 at batch
+448 would have cost 1.2-1.6% there). After a decision with no drafts, `max_drafts` asks whether any k could pay
+at this batch with the requests at the rates the last decision saw (rates change only by speculating; a new
+request has the prior), from the fit alone: a step it declines is not resolved early, so async scheduling
+overlaps it as with speculation unconfigured (no periodic re-check, no early resolve when the batch merely
+shrinks).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ _MIN_STEPS = 8
 _PRIOR_DRAFTS = 4
 _PRIOR_RATE = 0.5
 _ITERATIONS = 4
-_PROBE_STEPS = 1  # steps with drafts before the fit exists
+_PROBE_SHARE = 0.01  # of observed step time, the most that probes (steps drafting with c2 unknown) may take
 
 
 def expected_tokens(rate: float, k: int) -> float:
@@ -58,15 +61,25 @@ class AutoPolicy:
     def __init__(self, config) -> None:
         self.k = config.num_speculative_tokens
         self._steps: deque[tuple[int, bool, float]] = deque(maxlen=_WINDOW)  # (tokens, speculative, seconds)
+        self._num_speculative = 0  # steps with drafts in `_steps`
         self._fit: tuple[float, float, float] | None = None
         self._dirty = False
         self._last_drafted = True  # the last `num_drafts` gave some request a draft
         self._last_rates: list[tuple[float, int]] = []  # the last `num_drafts`'s rates, highest first, counted
-        self._probes_left = _PROBE_STEPS
+        self._seconds = 0.0  # every observed step's
+        self._probe_seconds = 0.0  # the probe steps' (all of each: what they cost is at most that)
+        self._probe_pending = 0  # observations left in which a probe's step can still arrive
 
     def observe_step(self, num_tokens: int, speculative: bool, seconds: float) -> None:
+        if len(self._steps) == self._steps.maxlen:
+            self._num_speculative -= self._steps[0][1]
         self._steps.append((num_tokens, speculative, seconds))
+        self._num_speculative += speculative
         self._dirty = True
+        self._seconds += seconds
+        if self._probe_pending:  # a probe's step arrives within two observations (one step late when async)
+            self._probe_pending = 0 if speculative else self._probe_pending - 1
+            self._probe_seconds += seconds if speculative else 0.0
 
     def step_time(self) -> tuple[float, float, float] | None:
         """(c0 seconds, c1 seconds per token, c2 seconds per speculative step), or None before enough
@@ -76,16 +89,30 @@ class AutoPolicy:
             self._fit = _least_squares(self._steps) or self._fit  # one token count alone fits nothing new
         return self._fit
 
+    def _probing(self, fit) -> bool:
+        """Whether a step with drafts now would be a probe: no fit yet, or none of the window's steps drafted
+        (so c2 is unknown)."""
+        return fit is None or self._num_speculative == 0
+
+    def _may_probe(self) -> bool:
+        """A probe only while the probes' steps so far cost at most `_PROBE_SHARE` of all observed step time
+        (the first is free), and none is in flight."""
+        return not self._probe_pending and self._probe_seconds <= _PROBE_SHARE * self._seconds
+
     def max_drafts(self, num_running: int) -> int:
         """Whether the next step may speculate, before its requests' tokens are resolved (the async stepper
-        resolves the step in flight first only when this is > 0): before the fit, k while a probe is left;
-        after a decision with drafts, k; else k only if `num_running` requests at the highest of the rates
-        the last decision saw (the prior's for any beyond them) would speculate: rates change only by
-        speculating, so this bounds what `num_drafts` can choose, in O(distinct rates * k)."""
+        resolves the step in flight first only when this is > 0): 0 while c2 is unknown and the probe budget
+        spent; k for the first probe; after a decision with drafts, k; else k only if `num_running` requests
+        at the highest of the rates the last decision saw (the prior's for any beyond them) would speculate:
+        rates change only by speculating, so this bounds what `num_drafts` can choose, in
+        O(distinct rates * k)."""
         fit = self.step_time()
-        if fit is None:
-            return self.k if self._probes_left > 0 else 0
-        if self._last_drafted:
+        if self._probing(fit):
+            if not self._may_probe():
+                return 0
+            if fit is None:
+                return self.k
+        elif self._last_drafted:
             return self.k
         groups, left = [], num_running
         for rate, count in self._last_rates:
@@ -100,13 +127,17 @@ class AutoPolicy:
 
     def num_drafts(self, requests: list, num_running: int) -> list[int]:
         fit = self.step_time()
-        if fit is None:  # a probe (its step gives the fit a speculative shape), then plain steps
-            drafting = self._probes_left > 0
-            self._probes_left -= drafting
-            return [self.k if drafting else 0] * len(requests)
         rates = [acceptance_rate(r) for r in requests]
-        tables = [[expected_tokens(a, k) for k in range(self.k + 1)] for a in rates]
-        best = _choose(fit, tables, [1] * len(requests), num_running)
+        probing = self._probing(fit)
+        if probing and not self._may_probe():
+            best = [0] * len(requests)
+        elif fit is None:  # the first probe: its step gives the fit a speculative shape (c2)
+            best = [self.k] * len(requests)
+        else:  # with c2 unknown (0 in the fit) this drafts wherever the tokens alone pay: a probe
+            tables = [[expected_tokens(a, k) for k in range(self.k + 1)] for a in rates]
+            best = _choose(fit, tables, [1] * len(requests), num_running)
+        if probing and any(best):
+            self._probe_pending = 2
         self._last_drafted = any(best)
         self._last_rates = sorted(Counter(rates).items(), reverse=True)
         return best
