@@ -5,7 +5,7 @@ captured step pays), in bf16 with 32 slots of max rank 64 (the benchmark engine'
 --max-lora-rank 64`) and adapters on q/k/v/o (gate/up/down untargeted: rank 0, as scripts/bench_lora.py).
 
 Kernels: `bgmv`, `sgmv` (the two SGMV launches, shrink and expand) and, for T <= 64, `fused`
-(kernels/lora_sgmv.py sgmv_fused: shrink and expand in one launch, which the layer takes at T <=
+(kernels/lora_sgmv_fused.py sgmv_fused: shrink and expand in one launch, which the layer takes at T <=
 FUSED_MAX_TOKENS); the per-layer sums say where the fused kernel's threshold belongs.
 
 Cases: T tokens per step (1: batch-1 decode; 2, 8, 16, 64: small decode batches; 240: the throughput run's
@@ -43,7 +43,7 @@ def main() -> None:
     args = p.parse_args()
     from triton.testing import do_bench_cudagraph
 
-    import kernels.lora_sgmv as fused
+    import kernels.lora_sgmv_fused as fused
     from shared_engine.model_executor.layers.lora import LoRAContext, LoRAProjection
 
     default_fused_max = fused.FUSED_MAX_TOKENS

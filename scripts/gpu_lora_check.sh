@@ -8,7 +8,7 @@
 #      eager masked torch path; base-only steps replay
 #      base-only graphs (tests/engine/test_cuda_graphs.py, whose graph keys changed, is not run here);
 #   3. scripts/bench_lora_kernels.py: SGMV vs BGMV per projection, and the fused one-launch SGMV
-#      (kernels/lora_sgmv.py sgmv_fused) at T <= 64, graph replays, T = MICRO_TOKENS (default 1 2 8 64; the
+#      (kernels/lora_sgmv_fused.py sgmv_fused) at T <= 64, graph replays, T = MICRO_TOKENS (default 1 2 8 64; the
 #      script's own default adds 16 240 2048); ~60-100 s (estimate, not measured; own limit 110 s);
 #   4. scripts/bench_lora.py: base engine vs the LoRA engine on the base, 30 rank-16 adapters, 30 of ranks
 #      8/16/64, batch-1 ITL, the CPU-cache-to-slot time for the pinned slot images and for the old pageable

@@ -1,5 +1,5 @@
 """Which SGMV path the model's LoRA layer takes (TRITON_INTERPRET=1 on the CPU): the fused one-launch kernel
-(kernels/lora_sgmv.py `sgmv_fused`) for steps of at most FUSED_MAX_TOKENS rows, the two SGMV kernels above
+(kernels/lora_sgmv_fused.py `sgmv_fused`) for steps of at most FUSED_MAX_TOKENS rows, the two SGMV kernels above
 it and when the threshold is 0 (LORA_FUSED_MAX_TOKENS=0, the A/B switch of the GPU benchmarks); every path
 equals the masked torch path."""
 
@@ -9,7 +9,7 @@ import torch
 
 
 def test_layer_takes_fused_kernel_up_to_threshold(device, monkeypatch):
-    import kernels.lora_sgmv as sgmv
+    import kernels.lora_sgmv_fused as sgmv
     from shared_engine.model_executor.layers.lora import LoRAContext, LoRAProjection
 
     g = torch.Generator().manual_seed(11)

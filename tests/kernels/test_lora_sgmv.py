@@ -16,10 +16,10 @@ from kernels.lora_sgmv import (
     max_tiles,
     sgmv_expand,
     sgmv_expand_ref,
-    sgmv_fused,
     sgmv_shrink,
     sgmv_shrink_ref,
 )
+from kernels.lora_sgmv_fused import sgmv_fused
 
 
 def case(token_slots, in_features, slice_sizes, ranks, dtype, seed=0, device="cpu"):

@@ -211,12 +211,13 @@ class LoRAProjection(nn.Module):
         return out
 
     def _forward_sgmv(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        from kernels.lora_sgmv import FUSED_MAX_IN_FEATURES, FUSED_MAX_TOKENS, sgmv_expand, sgmv_fused, sgmv_shrink
+        from kernels import lora_sgmv_fused as fused
+        from kernels.lora_sgmv import sgmv_expand, sgmv_shrink
 
         slots, rank, ctx = self.ctx.max_loras, self.max_rank, self.ctx
         a = self.lora_a.view(len(self.out_sizes), slots, rank, -1)
-        if x.shape[0] <= FUSED_MAX_TOKENS and x.shape[1] <= FUSED_MAX_IN_FEATURES:  # batch-1: one launch
-            return sgmv_fused(out, x, a, self.lora_b_all.view(slots, rank, -1), self.slot_ranks, ctx.sgmv_tokens,
+        if x.shape[0] <= fused.FUSED_MAX_TOKENS and x.shape[1] <= fused.FUSED_MAX_IN_FEATURES:  # one launch
+            return fused.sgmv_fused(out, x, a, self.lora_b_all.view(slots, rank, -1), self.slot_ranks, ctx.sgmv_tokens,
                               ctx.sgmv_tiles, self.slice_offsets, max(self.out_sizes))
         # [splits, slices, T, rank] fp32 split-K partials, summed by the expand as it reads them
         shrunk = sgmv_shrink(x, a, self.slot_ranks, ctx.sgmv_tokens, ctx.sgmv_tiles, reduce=False, tile_m=ctx.tile_m)
