@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import torch
 
-from scripts.profile_lora_step import StepProbe, graph_miss_reason, interval_union, is_lora_kernel, kernel_summary
+from scripts.lora_step_probe import StepProbe, graph_miss_reason
+from scripts.profile_lora_step import interval_union, is_lora_kernel, kernel_summary
 from shared_engine.model_executor.cuda_graph_runner import CudaGraphRunner, budget_filling_sizes, mixed_buckets
 from tests.engine.test_graph_buckets import _meta
 
