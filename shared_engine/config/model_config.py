@@ -47,3 +47,9 @@ class ModelConfig:
         check_range("max_logprobs", self.max_logprobs, 0, 1024)
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of ['fp8'] or None, got {self.quantization!r}")
+
+    def resolved_dtype(self, device_type: str) -> str:
+        """`dtype` with "auto" resolved for a device type ("cpu": float32, else bfloat16)."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "float32" if device_type == "cpu" else "bfloat16"

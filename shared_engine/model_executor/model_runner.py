@@ -96,7 +96,7 @@ class ModelRunner:
         # placeholder inputs read them), see `_sample`.
         self.is_driver = get_tp_rank() == 0
         self.broadcast_sampled = tp > 1 and bool(config.scheduler.async_scheduling)
-        self.dtype_name = resolve_dtype(config.model.dtype, self.device.type)
+        self.dtype_name = config.model.resolved_dtype(self.device.type)
         self.dtype = _TORCH_DTYPES[self.dtype_name]
         if config.model.quantization == "fp8":
             check_fp8_supported(self.device, self.dtype)  # ValueError naming the flag (the CPU path refuses)
@@ -397,8 +397,3 @@ class ModelRunner:
         if self.lora is not None:
             self.lora.release(request_id)
 
-
-def resolve_dtype(dtype: str, device_type: str) -> str:
-    if dtype != "auto":
-        return dtype
-    return "float32" if device_type == "cpu" else "bfloat16"
