@@ -74,30 +74,27 @@ def default_model():
     return DefaultModel({"model": str(path), "load_format": "dummy"}, False)
 
 
+def _llama_dir(tmp_path_factory, name: str, **shape) -> Path:
+    """A model directory holding only a 2-layer Llama config.json (dummy weights) with `shape`'s sizes."""
+    path = tmp_path_factory.mktemp(name)
+    config = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "rms_norm_eps": 1e-5,
+              "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2, **shape}
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
 @pytest.fixture(scope="session")
 def small_model_dir(tmp_path_factory):
     """2 layers, GQA 8/2, head_dim 64, fp32 dummy weights: small, but the GPU kernels' real code paths (the CUDA
     graph, LoRA-graph and speculative CUDA tests)."""
-    path = tmp_path_factory.mktemp("small-llama")
-    config = {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 1024, "hidden_size": 512, "intermediate_size": 1024,
-        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "max_position_embeddings": 1024, "tie_word_embeddings": False,
-        "bos_token_id": 1, "eos_token_id": 2,
-    }
-    (path / "config.json").write_text(json.dumps(config))
-    return path
+    return _llama_dir(tmp_path_factory, "small-llama", vocab_size=1024, hidden_size=512, intermediate_size=1024,
+                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
+                      tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A 2-layer Llama config (GQA 4/2, head_dim 16, vocab 128) for fast engine tests with dummy weights."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    config = {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "max_position_embeddings": 512, "tie_word_embeddings": True,
-        "bos_token_id": 1, "eos_token_id": 2,
-    }
-    (path / "config.json").write_text(json.dumps(config))
-    return path
+    return _llama_dir(tmp_path_factory, "tiny-llama", vocab_size=128, hidden_size=64, intermediate_size=128,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True)
