@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernel_bench_common import BF16, DEV, bench_us, contiguous_kv, paged_setup, rel_err  # noqa: E402
 
+from benchmarks.env_info import git_commit  # noqa: E402
 from kernels import paged_prefill_attention  # noqa: E402
 from kernels.fp8 import FP8_MAX, dequantize_fp8_ref, quantize_fp8_ref  # noqa: E402
 from kernels.paged_prefill_attention import TILE_CONFIGS  # noqa: E402
@@ -211,12 +211,9 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="path of the JSON results file")
     ap.add_argument("--sweep", action="store_true", help="also time the tile configs of PREFILL_CONFIGS")
     ap.add_argument("--no-fp8", action="store_true", help="bf16 KV only")
-    ap.add_argument("--commit", default=None, help="git commit (default: git rev-parse HEAD)")
+    ap.add_argument("--commit", default=None, help="git commit (default: GIT_COMMIT, else git rev-parse HEAD)")
     args = ap.parse_args()
-    commit = args.commit
-    if commit is None:
-        git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-        commit = git.stdout.strip() or "unknown"
+    commit = args.commit or git_commit()
     import triton
 
     gen = torch.Generator(device=DEV).manual_seed(0)
