@@ -21,6 +21,10 @@ layer's `slot_ranks` (0 for a module the slot's adapter does not target):
   slice of a fused projection (q, k, v; gate, up); steps of at most FUSED_MAX_TOKENS tokens (batch-1
   decodes) run shrink and expand as one launch (`sgmv_fused`);
 - `bgmv` (`lora_kernel="bgmv"`, kernels/lora_bgmv.py): each token reads its own slot's A and B.
+Inside CUDA graph captures the model calls `LoRAProjection.apply(x, base_gemm)`, which forks each SGMV shrink
+onto a side stream beside the base GEMM (both read only `x`) and joins before the expand (LORA_OVERLAP=0: no
+fork): at batch 1 on the H200 the 64 shrinks of a q/k/v/o adapter were 0.24 ms of a 5.24 ms step
+(benchmarks/results/profile_lora_step_h200_c518670.json: 64 shrinks of ~3.8 us).
 
 Each projection belongs to a group (`qkv`, `o`, `gate_up`, `down`): a step runs the LoRA of only the groups
 that an adapter among its slots targets (`LoRAContext.groups`, set by the LoRA manager). Eagerly the other
@@ -46,6 +50,9 @@ ATTENTION_GROUPS = frozenset({"qkv", "o"})
 # at c518670 (benchmarks/results/lora_h200_llama8b_8ea6fb5.json, ..._c518670.json). LORA_PREFILL_TILE_ROWS
 # sets it for A/B runs on a GPU.
 PREFILL_TILE_ROWS = int(os.environ.get("LORA_PREFILL_TILE_ROWS", "0"))
+# inside CUDA graph captures, each projection's SGMV shrink runs on a side stream beside the base GEMM
+# (`LoRAProjection.apply`); LORA_OVERLAP=0 keeps it on the compute stream after the GEMM (A/B runs on a GPU)
+OVERLAP = os.environ.get("LORA_OVERLAP", "1") != "0"
 
 
 def step_tile_m(num_tokens: int, graphed: bool) -> int:
@@ -96,6 +103,15 @@ class LoRAContext:
         self.active = False
         self.groups: frozenset[str] | None = None
         self.tile_m = 16  # the SGMV tiles' token count in the buffers (set_token_slots)
+        # the shrinks' side stream (`overlap_stream`); created here, never during a capture
+        self._side = torch.cuda.Stream(device=device) if OVERLAP and self.kernel == "sgmv" else None
+
+    def overlap_stream(self):
+        """The side stream for the SGMV shrinks while a CUDA graph is being captured, else None (eager
+        steps, the CPU, bgmv, LORA_OVERLAP=0: the shrink runs on the compute stream, after the GEMM)."""
+        if self._side is None or not torch.cuda.is_current_stream_capturing():
+            return None
+        return self._side
 
     def runs(self, group: str) -> bool:
         """Whether a projection of `group` adds its LoRA in this step (or the graph being captured)."""
@@ -210,19 +226,58 @@ class LoRAProjection(nn.Module):
             out[:, lo:hi] += shrink[:, i].reshape(num_tokens, slots * rank) @ self.lora_b(i)
         return out
 
+    def apply(self, x: torch.Tensor, base) -> torch.Tensor:
+        """`base(x)` [num_tokens, sum(out_sizes)] (the projection's base GEMM, a callable) plus each token's
+        delta; `x` [num_tokens, in]. Equal to `forward(x, base(x))`. While a CUDA graph is captured (SGMV),
+        the shrink, which reads only `x`, runs on the context's side stream concurrently with the GEMM and
+        the expand waits for both: the graph keeps the fork and join as dependencies, so each projection's
+        shrink (~4 us at batch 1 on the H200, a latency-bound launch) leaves the batch-1 critical path.
+        Buffers: `x` is read on the side stream before the compute stream passes the join, so nothing the
+        compute stream frees after the join is still in use; the side stream's partials are read by the
+        expand, which the side stream's next shrink is queued after (it waits for the compute stream)."""
+        if not self.ctx.runs(self.group):
+            return base(x)
+        side = self.ctx.overlap_stream() if self.ctx.kernel == "sgmv" else None
+        if side is None or self._fused(x):
+            return self.forward(x, base(x))
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            shrunk = self._shrink(x)
+        out = base(x)
+        main.wait_stream(side)
+        return self._expand(out, shrunk)
+
+    def _fused(self, x: torch.Tensor) -> bool:
+        from kernels import lora_sgmv_fused as fused
+
+        return x.shape[0] <= fused.FUSED_MAX_TOKENS and x.shape[1] <= fused.FUSED_MAX_IN_FEATURES
+
+    def _shrink(self, x: torch.Tensor) -> torch.Tensor:
+        """[splits, slices, T, rank] fp32 split-K partials (summed by the expand as it reads them)."""
+        from kernels.lora_sgmv import sgmv_shrink
+
+        ctx = self.ctx
+        a = self.lora_a.view(len(self.out_sizes), ctx.max_loras, self.max_rank, -1)
+        return sgmv_shrink(x, a, self.slot_ranks, ctx.sgmv_tokens, ctx.sgmv_tiles, reduce=False, tile_m=ctx.tile_m)
+
+    def _expand(self, out: torch.Tensor, shrunk: torch.Tensor) -> torch.Tensor:
+        from kernels.lora_sgmv import sgmv_expand
+
+        ctx = self.ctx
+        return sgmv_expand(out, shrunk, self.lora_b_all.view(ctx.max_loras, self.max_rank, -1), self.slot_ranks,
+                           ctx.sgmv_tokens, ctx.sgmv_tiles, self.slice_offsets, max(self.out_sizes),
+                           tile_m=ctx.tile_m)
+
     def _forward_sgmv(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         from kernels import lora_sgmv_fused as fused
-        from kernels.lora_sgmv import sgmv_expand, sgmv_shrink
 
         slots, rank, ctx = self.ctx.max_loras, self.max_rank, self.ctx
-        a = self.lora_a.view(len(self.out_sizes), slots, rank, -1)
-        if x.shape[0] <= fused.FUSED_MAX_TOKENS and x.shape[1] <= fused.FUSED_MAX_IN_FEATURES:  # one launch
+        if self._fused(x):  # one launch
+            a = self.lora_a.view(len(self.out_sizes), slots, rank, -1)
             return fused.sgmv_fused(out, x, a, self.lora_b_all.view(slots, rank, -1), self.slot_ranks, ctx.sgmv_tokens,
                               ctx.sgmv_tiles, self.slice_offsets, max(self.out_sizes))
-        # [splits, slices, T, rank] fp32 split-K partials, summed by the expand as it reads them
-        shrunk = sgmv_shrink(x, a, self.slot_ranks, ctx.sgmv_tokens, ctx.sgmv_tiles, reduce=False, tile_m=ctx.tile_m)
-        return sgmv_expand(out, shrunk, self.lora_b_all.view(slots, rank, -1), self.slot_ranks, ctx.sgmv_tokens,
-                           ctx.sgmv_tiles, self.slice_offsets, max(self.out_sizes), tile_m=ctx.tile_m)
+        return self._expand(out, self._shrink(x))
 
     def _forward_bgmv(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         from kernels.lora_bgmv import lora_expand, lora_shrink

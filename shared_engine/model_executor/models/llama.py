@@ -60,9 +60,10 @@ class LlamaAttention(nn.Module):
         self.o_lora: LoRAProjection | None = None
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata, backend) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
-        if self.qkv_lora is not None:
-            qkv = self.qkv_lora(hidden, qkv)
+        if self.qkv_lora is None:
+            qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        else:
+            qkv = self.qkv_lora.apply(hidden, self.qkv_proj)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
@@ -75,7 +76,7 @@ class LlamaAttention(nn.Module):
         out = out.reshape(-1, self.q_size)
         if self.o_lora is None:
             return self.o_proj(out)
-        return self.o_lora(out, self.o_proj(out))
+        return self.o_lora.apply(out, self.o_proj)
 
 
 class LlamaMLP(nn.Module):
@@ -89,8 +90,8 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_lora is None:
             return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
-        h = silu_and_mul(self.gate_up_lora(x, self.gate_up_proj(x)))
-        return self.down_lora(h, self.down_proj(h))
+        h = silu_and_mul(self.gate_up_lora.apply(x, self.gate_up_proj))
+        return self.down_lora.apply(h, self.down_proj)
 
 
 class LlamaDecoderLayer(nn.Module):
