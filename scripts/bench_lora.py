@@ -16,6 +16,11 @@ inside the timed call), and `revalidation_seconds_r16x30` is what re-reading the
 cost (every timed `generate` did that before dc676b4).
 Adapters are random (scripts/make_adapters.py random: q/k/v/o, lora_alpha 2r, bf16). Results JSON records
 hardware, model, config and commit; it is rewritten after every run, so a run cut short keeps what it did.
+`--itl-only`: only the batch-1 ITLs (base engine, then one rank-16 adapter and the base on the LoRA engine;
+one adapter written, no throughput runs or slot-load timings), for A/B runs of the LoRA kernels' env
+switches (scripts/gpu_lora_check.sh STEPS=itl); `--skip-base` leaves the base engine out (the LoRA engine's
+own base-model ITL, `lora_engine_base`, is then the in-process reference: `r16_overhead_vs_lora_engine_base`).
+The kernel switches in effect (LORA_* env) are recorded under `lora_env`.
 
     python scripts/bench_lora.py --out benchmarks/results/lora_h200_llama8b.json
 """
@@ -123,8 +128,13 @@ def main() -> None:
     p.add_argument("--lora-kernel", default="sgmv", choices=["sgmv", "bgmv"])
     p.add_argument("--max-loras", type=int, default=32, help="GPU slots (the README table: 32, all 30 resident)")
     p.add_argument("--lora-slot-stream", action="store_true", help="slot loads on a copy stream of their own")
+    p.add_argument("--itl-only", action="store_true", help="only the batch-1 ITLs (see the docstring)")
+    p.add_argument("--skip-base", action="store_true", help="no base engine (with --itl-only)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    if args.itl_only:
+        itl_only(args)
+        return
 
     import torch
 
@@ -205,6 +215,56 @@ def main() -> None:
     save()
     print(json.dumps(results["runs"], indent=2), json.dumps(results["itl_ms"]), results["slot_load_ms_rank16"],
           results["slot_load_ms_rank16_pageable_fp32"], "revalidation s:", results["revalidation_seconds_r16x30"])
+
+
+def itl_only(args) -> None:
+    """Batch-1 ITL only: the base engine (unless --skip-base), then the LoRA engine on one rank-16 adapter
+    and on the base model; written to --out."""
+    import os
+
+    import torch
+
+    from shared_engine import LLM, LoRARequest, SamplingParams
+
+    rng = random.Random(0)
+    prompt = [rng.randint(100, 10000) for _ in range(args.input_len)]
+    path = random_adapters(args.model, [16], 1, args.adapter_dir, args.targets)[0]
+    results = {"benchmark": "lora_itl", "environment": environment(), "command": " ".join(sys.argv),
+               "lora_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("LORA_")},
+               "workload": {"input_len": args.input_len, "itl_tokens": args.itl_tokens,
+                            "adapter_targets": args.targets}, "itl_ms": {}}
+
+    def save() -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))
+
+    common = dict(load_format="dummy", max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                  gpu_memory_utilization=0.8)
+    warm = SamplingParams(max_tokens=4)
+    if not args.skip_base:
+        llm = LLM(args.model, **common)
+        llm.generate([prompt], warm, use_tqdm=False)
+        results["itl_ms"]["base"] = round(itl_ms(llm, prompt, args.itl_tokens), 3)
+        save()
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    lora_cfg = dict(enable_lora=True, max_loras=args.max_loras, max_lora_rank=64, max_cpu_loras=64,
+                    lora_kernel=args.lora_kernel, lora_slot_stream=args.lora_slot_stream)
+    llm = LLM(args.model, **common, **lora_cfg)
+    results["engine_config"] = {**common, **lora_cfg}
+    lora = LoRARequest("r16-0", 1, str(path))
+    llm.generate([prompt], warm, use_tqdm=False, lora_request=lora)
+    itl = results["itl_ms"]
+    itl["lora_r16"] = round(itl_ms(llm, prompt, args.itl_tokens, lora), 3)
+    itl["lora_engine_base"] = round(itl_ms(llm, prompt, args.itl_tokens), 3)
+    itl["r16_overhead_vs_lora_engine_base"] = round(itl["lora_r16"] / itl["lora_engine_base"] - 1, 4)
+    if "base" in itl:
+        itl["r16_overhead_vs_base"] = round(itl["lora_r16"] / itl["base"] - 1, 4)
+    results["runner"] = runner_stats(llm)
+    save()
+    print(json.dumps(results["lora_env"]), json.dumps(itl))
 
 
 if __name__ == "__main__":

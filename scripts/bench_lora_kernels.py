@@ -6,7 +6,9 @@ captured step pays), in bf16 with 32 slots of max rank 64 (the benchmark engine'
 
 Kernels: `bgmv`, `sgmv` (the two SGMV launches, shrink and expand) and, for T <= 64, `fused`
 (kernels/lora_sgmv_fused.py sgmv_fused: shrink and expand in one launch, which the layer takes at T <=
-FUSED_MAX_TOKENS); the per-layer sums say where the fused kernel's threshold belongs.
+FUSED_MAX_TOKENS); the per-layer sums say where the fused kernel's threshold belongs; for T <= 8, `tiny`
+(kernels/lora_tiny.py lora_tiny: one launch without tiles, split-K shrinks and expands meeting at a device
+counter; the layer takes it at T <= TINY_MAX_TOKENS, env LORA_TINY_MAX_TOKENS).
 
 Cases: T tokens per step (1: batch-1 decode; 2, 8, 16, 64: small decode batches; 240: the throughput run's
 decode batch; 2048: a prefill chunk), spread uniformly over 30 adapters of rank 16 (`r16`), of ranks
@@ -44,13 +46,15 @@ def main() -> None:
     from triton.testing import do_bench_cudagraph
 
     import kernels.lora_sgmv_fused as fused
+    import kernels.lora_tiny as tiny
     from shared_engine.model_executor.layers.lora import LoRAContext, LoRAProjection
 
     default_fused_max = fused.FUSED_MAX_TOKENS
 
-    def use(kernel: str) -> None:  # "fused": the layer's SGMV path always fused; "sgmv": never
+    def use(kernel: str) -> None:  # "fused" / "tiny": the layer's SGMV path always that kernel; "sgmv": neither
         ctx.kernel = "bgmv" if kernel == "bgmv" else "sgmv"
         fused.FUSED_MAX_TOKENS = 1 << 30 if kernel == "fused" else 0
+        tiny.TINY_MAX_TOKENS = 1 << 30 if kernel == "tiny" else 0
 
     dev, dtype, num_slots, max_rank = torch.device("cuda"), torch.bfloat16, 32, 64
     g = torch.Generator(device=dev).manual_seed(0)
@@ -77,7 +81,8 @@ def main() -> None:
             ctx.set_token_slots(slots[torch.randperm(num_tokens)])
             ctx.active = True
             case = {}
-            kernels = ("bgmv", "sgmv", "fused") if num_tokens <= 64 else ("bgmv", "sgmv")
+            kernels = ("bgmv", "sgmv") + (("fused",) if num_tokens <= 64 else ())
+            kernels += ("tiny",) if num_tokens <= 8 else ()
             for name, layer in layers.items():
                 x = torch.randn(num_tokens, layer.lora_a.shape[1], device=dev, generator=g).to(dtype)
                 out = torch.zeros(num_tokens, sum(layer.out_sizes), device=dev, dtype=dtype)

@@ -24,14 +24,23 @@
 #      llama-3.1-8b start-ups with graph capture ~25 + ~40 s, four runs of the workload ~30 s + 4 at batch 1, the adapters
 #      ~5 s, none after the bench step: its rank-16 adapters are reused); own limit 240 s. STEPS="profile bench"
 #      ~230 s (bench ~110 s, then profile ~115 s).
+#   7. (only with STEPS=itl, not in "all") batch-1 ITL A/B of the LoRA kernel switches, base vs one rank-16
+#      q/k/v/o adapter (scripts/bench_lora.py --itl-only --max-num-seqs 16: fewer graphs to capture, no
+#      throughput runs): first the CUDA-graph correctness test of kernels/lora_tiny.py (llama qkv shapes,
+#      bf16; limit 60 s), then one engine process per variant, each writing lora_itl_<variant>_<commit>.json:
+#        sgmv         the default two SGMV kernels (shrink on the side stream in graphs), plus the base engine;
+#        tiny         LORA_TINY_MAX_TOKENS=8: kernels/lora_tiny.py at T <= 8 (one launch, no tiles);
+#        tiny_ticket  the same with LORA_TINY_TICKET=1 (roles by atomic ticket: one more atomic per program).
+#      ITL_VARIANTS picks a subset. Estimate (not measured): ~20 s test, ~70 s sgmv (two engines), ~45 s per
+#      other variant, ~180 s in all; limits 60 + 130 + 90 + 90 s.
 # Each step has its own time limit, so one slow step cannot starve the next. On one H200 at c518670
 # (gpu_run_c518670.log): bench 99 s, profile 80 s, so STEPS="profile bench" ~180 s. Estimates (not
 # measured): kernels ~60 s cold (more Triton variants since: 64-token tiles, the fused kernel; limit 150 s),
 # graphs ~45 s (three small engines), micro ~60-100 s (limit 110 s); STEPS="kernels profile bench" ~240 s, STEPS="micro bench" ~160-200 s. The two
 # llama-3.1-8b engine start-ups per script (graph capture) dominate.
 #   GIT_COMMIT=<sha> scripts/gpu_lora_check.sh OUTDIR      (the device copy has no .git)
-# STEPS: which steps (default all; any of: kernels graphs micro bench churn profile; all leaves churn and
-# profile out), e.g.
+# STEPS: which steps (default all; any of: kernels graphs micro bench churn profile itl; all leaves churn,
+# profile and itl out), e.g.
 # STEPS="kernels bench" or STEPS="bench churn" (~390 s).
 set -uo pipefail
 OUT=${1:?usage: gpu_lora_check.sh OUTDIR}
@@ -47,7 +56,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 
 if want kernels; then
   step "LoRA kernel tests (CUDA, real shapes in bf16)"
-  timeout 150 $PY -m pytest tests/kernels/test_lora_sgmv.py tests/kernels/test_lora_bgmv.py tests/lora/test_slot_writes.py \
+  timeout 150 $PY -m pytest tests/kernels/test_lora_sgmv.py tests/kernels/test_lora_bgmv.py tests/kernels/test_lora_tiny.py \
+    tests/lora/test_slot_writes.py \
     -q -p no:cacheprovider \
     -rs 2>&1 | tail -15 | tee "$OUT/lora_kernel_tests_${COMMIT}.log"
 fi
@@ -90,5 +100,22 @@ if [[ "$STEPS" == *" profile "* ]]; then
   GIT_COMMIT=$COMMIT timeout 240 $PY scripts/profile_lora_step.py --num-requests "${NUM_REQUESTS:-240}" \
     --out "$OUT/profile_lora_step_h200_${COMMIT}.json" 2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tail -12 \
     | tee "$OUT/profile_lora_step_${COMMIT}.log"
+fi
+if [[ "$STEPS" == *" itl "* ]]; then
+  step "lora_tiny under CUDA graphs (llama-3.1-8b qkv, bf16)"
+  timeout 60 $PY -m pytest tests/kernels/test_lora_tiny.py -k cuda_graph -q -p no:cacheprovider -rs 2>&1 | tail -8 \
+    | tee "$OUT/lora_tiny_graph_tests_${COMMIT}.log"
+  for variant in ${ITL_VARIANTS:-sgmv tiny tiny_ticket}; do
+    case $variant in
+      sgmv) envs=(); extra=(); limit=130 ;;
+      tiny) envs=(LORA_TINY_MAX_TOKENS=8); extra=(--skip-base); limit=90 ;;
+      tiny_ticket) envs=(LORA_TINY_MAX_TOKENS=8 LORA_TINY_TICKET=1); extra=(--skip-base); limit=90 ;;
+      *) echo "unknown ITL variant $variant"; continue ;;
+    esac
+    step "batch-1 ITL: $variant (${envs[*]:-defaults})"
+    env "${envs[@]}" GIT_COMMIT=$COMMIT timeout $limit $PY scripts/bench_lora.py --itl-only "${extra[@]}" \
+      --max-num-seqs 16 --out "$OUT/lora_itl_${variant}_${COMMIT}.json" 2>&1 | tail -3 \
+      | tee "$OUT/bench_lora_itl_${variant}_${COMMIT}.log"
+  done
 fi
 echo "== done in $(( $(date +%s) - started )) s"

@@ -19,7 +19,9 @@ layer's `slot_ranks` (0 for a module the slot's adapter does not target):
 - `sgmv` (default, kernels/lora_sgmv.py): the host groups the step's tokens by slot into tiles of up to 16
   tokens (64 in large eager steps); each tile reads its adapter's A and B once, and one launch covers every
   slice of a fused projection (q, k, v; gate, up); steps of at most FUSED_MAX_TOKENS tokens (batch-1
-  decodes) run shrink and expand as one launch (`sgmv_fused`);
+  decodes) run shrink and expand as one launch (`sgmv_fused`), steps of at most TINY_MAX_TOKENS tokens
+  (kernels/lora_tiny.py, LORA_TINY_MAX_TOKENS; off by default, an A/B candidate) one launch without tiles
+  (each program reads its token's slot; split-K shrinks and the expands meet at a device counter);
 - `bgmv` (`lora_kernel="bgmv"`, kernels/lora_bgmv.py): each token reads its own slot's A and B.
 Inside CUDA graph captures the model calls `LoRAProjection.apply(x, base_gemm)`, which forks each SGMV shrink
 onto a side stream beside the base GEMM (both read only `x`) and joins before the expand (LORA_OVERLAP=0: no
@@ -105,6 +107,8 @@ class LoRAContext:
         self.tile_m = 16  # the SGMV tiles' token count in the buffers (set_token_slots)
         # the shrinks' side stream (`overlap_stream`); created here, never during a capture
         self._side = torch.cuda.Stream(device=device) if OVERLAP and self.kernel == "sgmv" else None
+        # kernels/lora_tiny.py's counters (zero between launches; every layer's launches are in stream order)
+        self.tiny_sync = torch.zeros(4, dtype=torch.int32, device=device)
 
     def overlap_stream(self):
         """The side stream for the SGMV shrinks while a CUDA graph is being captured, else None (eager
@@ -234,11 +238,12 @@ class LoRAProjection(nn.Module):
         shrink (~4 us at batch 1 on the H200, a latency-bound launch) leaves the batch-1 critical path.
         Buffers: `x` is read on the side stream before the compute stream passes the join, so nothing the
         compute stream frees after the join is still in use; the side stream's partials are read by the
-        expand, which the side stream's next shrink is queued after (it waits for the compute stream)."""
+        expand, which the side stream's next shrink is queued after (it waits for the compute stream).
+        Steps the one-launch kernels take (`sgmv_fused`, `lora_tiny`) are not forked."""
         if not self.ctx.runs(self.group):
             return base(x)
         side = self.ctx.overlap_stream() if self.ctx.kernel == "sgmv" else None
-        if side is None or self._fused(x):
+        if side is None or self._fused(x) or self._tiny(x):
             return self.forward(x, base(x))
         main = torch.cuda.current_stream()
         side.wait_stream(main)
@@ -252,6 +257,11 @@ class LoRAProjection(nn.Module):
         from kernels import lora_sgmv_fused as fused
 
         return x.shape[0] <= fused.FUSED_MAX_TOKENS and x.shape[1] <= fused.FUSED_MAX_IN_FEATURES
+
+    def _tiny(self, x: torch.Tensor) -> bool:
+        from kernels import lora_tiny
+
+        return x.shape[0] <= lora_tiny.TINY_MAX_TOKENS and len(self.out_sizes) <= lora_tiny.MAX_SLICES
 
     def _shrink(self, x: torch.Tensor) -> torch.Tensor:
         """[splits, slices, T, rank] fp32 split-K partials (summed by the expand as it reads them)."""
@@ -273,6 +283,12 @@ class LoRAProjection(nn.Module):
         from kernels import lora_sgmv_fused as fused
 
         slots, rank, ctx = self.ctx.max_loras, self.max_rank, self.ctx
+        if self._tiny(x):  # one launch, no tiles (kernels/lora_tiny.py; LORA_TINY_MAX_TOKENS)
+            from kernels.lora_tiny import lora_tiny
+
+            a = self.lora_a.view(len(self.out_sizes), slots, rank, -1)
+            return lora_tiny(out, x, a, self.lora_b_all.view(slots, rank, -1), self.slot_ranks, ctx.token_slots,
+                             self.out_sizes, ctx.tiny_sync)
         if self._fused(x):  # one launch
             a = self.lora_a.view(len(self.out_sizes), slots, rank, -1)
             return fused.sgmv_fused(out, x, a, self.lora_b_all.view(slots, rank, -1), self.slot_ranks, ctx.sgmv_tokens,
