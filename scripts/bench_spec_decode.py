@@ -160,6 +160,23 @@ def _generate(llm, prompts, out_len):
     return elapsed, tokens, sorted(itl)[len(itl) // 2], [o.outputs[0].token_ids for o in outs]
 
 
+def _generate_runs(llm, prompts, out_len, one_at_a_time: bool):
+    """`_generate` of all prompts at once, or (`one_at_a_time`: batch 1 over several prompts) of each prompt
+    alone in turn: summed seconds and tokens, the median over requests of each one's mean ITL, the outputs."""
+    if not one_at_a_time:
+        return _generate(llm, prompts, out_len)
+    seconds = tokens = 0
+    itls, outs = [], []
+    for prompt in prompts:
+        s, t, itl, out = _generate(llm, [prompt], out_len)
+        seconds, tokens = seconds + s, tokens + t
+        itls.append(itl)
+        outs += out
+    itls.sort()
+    mid = len(itls) // 2
+    return seconds, tokens, (itls[mid] if len(itls) % 2 else (itls[mid - 1] + itls[mid]) / 2), outs
+
+
 def draft_cost_replay(spec):
     """BENCHMARK ONLY: a replay proposer that first runs the engine's draft model proposer (its forwards are
     paid for, its drafts discarded)."""
@@ -178,21 +195,83 @@ def draft_cost_replay(spec):
 
 
 class StepLog:
-    """Counts one run's steps and the steps that verified drafts (wraps `SpecDecoder.on_step`)."""
+    """Counts one run's steps and the steps that verified drafts (wraps `SpecDecoder.on_step`), and the host
+    seconds spent proposing (wraps `SpecDecoder.propose`: for a draft model its forwards and their one wait)."""
 
     def __init__(self, spec) -> None:
         self.steps = self.spec_steps = 0
-        original = spec.on_step
+        self.propose_seconds = 0.0
+        original, original_propose = spec.on_step, spec.propose
 
         def on_step(out, seconds):
             self.steps += 1
             self.spec_steps += out.has_drafts
             original(out, seconds)
 
-        spec.on_step = on_step
+        def propose(running):
+            started = time.perf_counter()
+            original_propose(running)
+            self.propose_seconds += time.perf_counter() - started
+
+        spec.on_step, spec.propose = on_step, propose
+
+    @staticmethod
+    def remove(spec) -> None:
+        del spec.on_step, spec.propose  # back to the class's methods
 
 
-def _spec_run(llm, engine, spec, base, prompts, truth, out_len, k, policy, rate, seed=0) -> dict:
+_RUNNER_COUNTERS = ("graph_steps", "mixed_graph_steps", "varlen_graph_steps")
+_DRAFT_COUNTERS = ("num_proposal_steps", "num_mirrored_tokens", "num_caught_up_tokens", "num_fused_proposals",
+                   "propose_gpu_seconds", "mirror_gpu_seconds")
+
+
+class StepCost:
+    """Where a run's steps spent their time, from the engine's own counters (differences over the run): per
+    step, ms scheduling / in the model runner / processing outputs / the runner's GPU span (CUDA events, first
+    kernel to sampled ids), the wall time, and how many target steps replayed a CUDA graph (the rest ran
+    eagerly); with a draft model, its proposal forwards, mirrored and caught-up tokens and their GPU time."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.before = self._snapshot()
+        self.started = time.perf_counter()
+
+    def _draft(self):
+        return getattr(self.engine.runner, "draft_runner", None)
+
+    def _snapshot(self) -> dict:
+        stats, runner = self.engine.stats, self.engine.runner
+        snap = {"steps": stats.num_steps, "phases": list(stats.phase_seconds_total),
+                **{name: getattr(runner, name, 0) for name in _RUNNER_COUNTERS}}
+        draft = self._draft()
+        if draft is not None:
+            snap.update({name: getattr(draft, name, 0) for name in _DRAFT_COUNTERS},
+                        draft_graph_steps=draft.runner.graph_steps)
+        return snap
+
+    def report(self) -> dict:
+        wall = time.perf_counter() - self.started
+        now, before = self._snapshot(), self.before
+        steps = max(now["steps"] - before["steps"], 1)
+        phases = [1e3 * (a - b) / steps for a, b in zip(now["phases"], before["phases"])]
+        row = {"engine_steps": now["steps"] - before["steps"], "wall_ms_per_step": 1e3 * wall / steps,
+               "schedule_ms_per_step": phases[0], "model_ms_per_step": phases[1], "output_ms_per_step": phases[2],
+               "gpu_span_ms_per_step": phases[3],
+               **{f"target_{name}": now[name] - before[name] for name in _RUNNER_COUNTERS}}
+        row["target_eager_steps"] = row["engine_steps"] - row["target_graph_steps"]
+        for name in (*_DRAFT_COUNTERS, "draft_graph_steps"):
+            if name in now and name in before:
+                value = now[name] - before[name]
+                row[f"draft_{name}" if not name.startswith("draft_") else name] = (
+                    1e3 * value / steps if name.endswith("_seconds") else value)
+        for name in ("draft_propose_gpu_seconds", "draft_mirror_gpu_seconds"):
+            if name in row:
+                row[name.replace("_seconds", "_ms_per_step")] = row.pop(name)
+        return row
+
+
+def _spec_run(llm, engine, spec, base, prompts, truth, out_len, k, policy, rate, seed=0,
+              one_at_a_time=False) -> dict:
     """One timed run with speculation on (`policy`, at most k drafts, replay marks at `rate`)."""
     from shared_engine.spec_decode.policy import make_policy
 
@@ -202,8 +281,10 @@ def _spec_run(llm, engine, spec, base, prompts, truth, out_len, k, policy, rate,
     steps = StepLog(spec)
     before = spec_counts(engine)
     first_before = list(engine.stats.spec.accepted_per_pos_total[:1]) or [0]
-    seconds, tokens, itl, outs = _generate(llm, prompts, out_len)
-    del spec.on_step  # back to the class's method
+    cost = StepCost(engine)
+    seconds, tokens, itl, outs = _generate_runs(llm, prompts, out_len, one_at_a_time)
+    cost = cost.report()
+    StepLog.remove(spec)
     drafts, drafted, accepted = (x - y for x, y in zip(spec_counts(engine), before))
     first = (engine.stats.spec.accepted_per_pos_total[:1] or [0])[0] - first_before[0]
     row = {"policy": policy, "k": k, "draft_token_probability": rate, "seconds": seconds,
@@ -214,6 +295,10 @@ def _spec_run(llm, engine, spec, base, prompts, truth, out_len, k, policy, rate,
            "mean_acceptance_length": 1 + accepted / max(drafts, 1), "num_draft_tokens": drafted,
            "steps": steps.steps, "share_of_steps_speculating": steps.spec_steps / max(steps.steps, 1),
            "mean_draft_length": drafted / max(drafts, 1),
+           # the i.i.d. model's accepted + bonus tokens per step with full drafts: (1 - a^(k+1)) / (1 - a)
+           "expected_mean_acceptance_length": sum(rate ** i for i in range(k + 1)),
+           "ms_per_step": 1e3 * seconds / max(steps.steps, 1),
+           "propose_ms_per_step": 1e3 * steps.propose_seconds / max(steps.steps, 1), **cost,
            # forced acceptance emits the recording after the prefill's own first token
            "outputs_follow_recording": sum(o[1:] == t[1:] for o, t in zip(outs, truth)) / len(truth)}
     if policy == "auto":
@@ -261,20 +346,28 @@ def replay_workload(args, save) -> dict:
         for batch in (1, len(warm)):
             _spec_run(llm, engine, spec, base, warm[:batch], warm_truth, 16, k, "always", 0.5)
     for batch in [1, *batches]:
-        prompts = [[rng.randint(100, 10000) for _ in range(args.input_len)] for _ in range(batch)]
+        # batch 1: --batch1-prompts requests, each alone in turn (more verify steps per figure: at 128 output
+        # tokens one request has ~40 speculative steps, whose realised acceptance scatters around the set one)
+        alone = batch == 1 and args.batch1_prompts > 1
+        count = args.batch1_prompts if batch == 1 else batch
+        prompts = [[rng.randint(100, 10000) for _ in range(args.input_len)] for _ in range(count)]
         set_speculation(engine, spec, False, reset_prefix_cache=False)
-        _, _, _, truth = _generate(llm, prompts, args.output_len)  # recording, and the prompts' KV cached
-        off_s, tokens, off_itl, outs = _generate(llm, prompts, args.output_len)
+        # recording, and the prompts' KV cached
+        _, _, _, truth = _generate_runs(llm, prompts, args.output_len, alone)
+        off_cost = StepCost(engine)
+        off_s, tokens, off_itl, outs = _generate_runs(llm, prompts, args.output_len, alone)
         for p, t in zip(prompts, truth):
             spec.proposer.record(p, t)
-        row = {"batch": batch, "off_tokens_per_s": tokens / off_s, "off_median_itl_ms": 1e3 * off_itl,
-               "off_outputs_repeat": outs == truth, "runs": []}
+        row = {"batch": batch, "num_prompts": count, "off_tokens_per_s": tokens / off_s,
+               "off_median_itl_ms": 1e3 * off_itl, "off_outputs_repeat": outs == truth,
+               "off_step_cost": off_cost.report(), "runs": []}
         set_speculation(engine, spec, True, reset_prefix_cache=False)
         rates = args.acceptance if batch == 1 else [args.throughput_acceptance]
         plan = [("always", k, a) for a in rates for k in args.ks]
         plan += [("auto", k, args.throughput_acceptance) for k in args.ks]
         for policy, k, a in plan:
-            run = _spec_run(llm, engine, spec, base, prompts, truth, args.output_len, k, policy, a)
+            run = _spec_run(llm, engine, spec, base, prompts, truth, args.output_len, k, policy, a,
+                            one_at_a_time=alone)
             run["speedup_itl"] = off_itl / (run["median_itl_ms"] / 1e3)
             run["throughput_ratio"] = run["tokens_per_s"] / row["off_tokens_per_s"]
             row["runs"].append(run)
@@ -290,7 +383,9 @@ def print_summary(body: dict) -> None:
     """One line per batch: speculation off, then each run's ITL speed-up and throughput ratio."""
     for row in body["results"]["batch1"] + body["results"]["throughput"]:
         runs = "  ".join(f"{r['policy']}/k{r['k']}/a{r['draft_token_probability']}: itl x{r['speedup_itl']:.2f} "
-                         f"tput x{r['throughput_ratio']:.2f} spec {r['share_of_steps_speculating']:.0%}"
+                         f"tput x{r['throughput_ratio']:.2f} spec {r['share_of_steps_speculating']:.0%} "
+                         f"{r['ms_per_step']:.2f} ms/step L {r['mean_acceptance_length']:.2f}"
+                         f"/{r['expected_mean_acceptance_length']:.2f}"
                          for r in row["runs"])
         print(f"batch {row['batch']}: off itl {row['off_median_itl_ms']:.2f} ms {row['off_tokens_per_s']:.0f} tok/s"
               f"  {runs}")
@@ -309,6 +404,8 @@ def main() -> None:
     p.add_argument("--ks", type=int, nargs="+", default=[3, 5])
     p.add_argument("--acceptance", type=float, nargs="+", default=[0.6, 0.8])
     p.add_argument("--throughput-acceptance", type=float, default=0.8)
+    p.add_argument("--batch1-prompts", type=int, default=1,
+                   help="replay: batch-1 figures over this many requests, each alone in turn")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256, 448])
     p.add_argument("--forced-acceptance", action=argparse.BooleanOptionalAction, default=True,
                    help="replay: BENCHMARK-ONLY forced acceptance (the replay's marks decide verification)")

@@ -6,8 +6,12 @@
 # 64 / 256 / 448 at 0.8, k 3 and 5, policy always and auto, vs speculation off; and (step "draft") the batch-1
 # replay paying for a llama-3.2-1b draft model's forwards and KV mirror.
 #   GIT_COMMIT=<sha> STEPS="bench draft" scripts/gpu_spec_check.sh OUTDIR   (STEPS="tests bench" by default)
-# Expected on one H200: tests ~60 s; bench ~130 s (limit 190 s); draft ~45 s (limit 100 s). STEPS="bench draft"
-# is ~175 s, at most ~295 s with both limits hit; a run cut by its limit keeps the batches it finished.
+# Batch-1 figures come from BATCH1_PROMPTS requests (3 by default), each alone in turn (one 128-token request has
+# only ~40 speculative steps); every run also records per-step host phases, GPU span, graph vs eager steps and
+# (draft) the proposal and mirror GPU time. SPEC_FUSED_PROPOSAL=0: the draft model proposes step by step.
+# Expected on one H200: tests ~70 s (limit 110 s); bench ~140 s (limit 190 s); draft ~55 s (limit 100 s).
+# STEPS="bench draft" is ~195 s, at most ~290 s with both limits hit; a run cut by its limit keeps the batches
+# it finished.
 set -uo pipefail
 OUT=${1:?usage: gpu_spec_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -25,7 +29,7 @@ if [[ "$STEPS" == *" bench "* ]]; then
   echo "== replay benchmark, forced acceptance ($(date +%T))"
   timeout ${BENCH_TIMEOUT:-190} $PY scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b \
     --load-format dummy --input-len 1000 --output-len ${OUTPUT_LEN:-128} --batch-sizes ${BATCH_SIZES:-64 256 448} \
-    --ks 3 5 --acceptance 0.6 0.8 --throughput-acceptance 0.8 \
+    --ks 3 5 --acceptance 0.6 0.8 --throughput-acceptance 0.8 --batch1-prompts ${BATCH1_PROMPTS:-3} \
     --out "$OUT/spec_decode_h200_replay_$C.json" 2>&1 | grep -vE "^\s*$" | tee "$OUT/spec_bench_log_$C.txt" \
     | grep -E "^batch |wrote|Error|error" | tail -12
 fi
@@ -33,7 +37,7 @@ if [[ "$STEPS" == *" draft "* ]]; then
   echo "== replay benchmark, forced acceptance, with the llama-3.2-1b draft model's cost ($(date +%T))"
   timeout ${DRAFT_TIMEOUT:-100} $PY scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b \
     --load-format dummy --draft-model llama-3.2-1b --input-len 1000 --output-len ${OUTPUT_LEN:-128} \
-    --batch-sizes 0 --ks 3 5 --acceptance 0.6 0.8 \
+    --batch-sizes 0 --ks 3 5 --acceptance 0.6 0.8 --batch1-prompts ${BATCH1_PROMPTS:-3} \
     --out "$OUT/spec_decode_h200_draft_cost_$C.json" 2>&1 | grep -vE "^\s*$" | tee "$OUT/spec_draft_cost_log_$C.txt" \
     | grep -E "^batch |wrote|Error|error" | tail -6
 fi

@@ -30,7 +30,9 @@ input is read on the device (the placeholder path of async scheduling), so a pro
 once, for all k steps. On CUDA
 both kinds of forward replay the draft's own CUDA graphs where a step fits one (decode graphs for proposals;
 decode, mixed and varlen graphs for the mirror), captured like the target's (`ModelRunner.capture_cuda_graphs`)
-once its cache is allocated; their memory pool is not in the memory profile.
+once its cache is allocated; their memory pool is not in the memory profile. A greedy proposal of up to
+`fused_proposal.FUSED_MAX_BATCH` requests with one draft cap replays a single graph for all its steps
+(`fused_proposal.py`: no host work between the draft steps).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import torch
 from shared_engine.config.lora_config import LoRAConfig
 from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared_engine.model_executor.input_builder import StepInputs, build_inputs
+from shared_engine.spec_decode import fused_proposal
 from shared_engine.spec_decode.draft_sampling import DraftSampler
 
 logger = logging.getLogger("shared_engine")
@@ -79,6 +82,13 @@ class DraftModelRunner:
         self.num_skipped_steps = 0  # plain-decode steps not mirrored (speculation off)
         self.num_caught_up_tokens = 0  # positions recomputed before proposals (`_catch_up`)
         self.num_proposal_steps = 0  # decode-shaped draft forwards of proposals
+        self.num_fused_proposals = 0  # proposals whose steps all ran in one graph replay (fused_proposal.py)
+        self.fused: fused_proposal.FusedProposal | None = None  # CUDA: the greedy multi-step proposal graphs
+        # CUDA: device seconds of proposals (first draft kernel to the last argmax) and of mirror forwards
+        # (CUDA events; a mirror's are read at the next proposal, once the device has passed them)
+        self.propose_gpu_seconds = 0.0
+        self.mirror_gpu_seconds = 0.0
+        self._mirror_spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.stale_blocks: set[int] = set()  # block ids whose draft KV is not valid
         self.sampler = DraftSampler(engine_config.model.seed)
         self.num_sampled_drafts = 0  # draft tokens drawn at random (temperature > 0), with their q
@@ -113,6 +123,15 @@ class DraftModelRunner:
         self.num_blocks = num_blocks
         self.runner.allocate_kv_cache(num_blocks + self.num_scratch_blocks, with_host_tier=False)
         self.runner.capture_cuda_graphs()
+        graphs = self.runner.graph_runner
+        if graphs is not None and graphs.decode_sizes and self.k > 1 and fused_proposal.enabled():
+            try:
+                with torch.inference_mode():
+                    self.fused = fused_proposal.FusedProposal(self.model, graphs, self.runner.kv_caches, self.backend,
+                                                              self.k, self.block_size, self.device)
+            except Exception:  # the step-by-step path stays correct; say why the fast one is missing
+                logger.exception("draft model: multi-step proposal graphs not captured; proposing step by step")
+                self.fused = None
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """Hidden states `[num_tokens, hidden]`: a graph replay where the step fits one, else eager."""
@@ -144,8 +163,23 @@ class DraftModelRunner:
                     stale.update(written)
                 else:
                     stale.difference_update(written)
+        span = self._events()
         self._forward(inputs)
+        if span is not None:
+            span[1].record()
+            while self._mirror_spans and self._mirror_spans[0][1].query():  # done ones now (none waits)
+                start, end = self._mirror_spans.pop(0)
+                self.mirror_gpu_seconds += start.elapsed_time(end) / 1e3
+            self._mirror_spans.append(span)
         self.num_mirrored_tokens += inputs.input_ids.shape[0]
+
+    def _events(self) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
+        """CUDA: a (start, end) pair of timing events, the start recorded now; None elsewhere."""
+        if self.device.type != "cuda":
+            return None
+        span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        span[0].record()
+        return span
 
     def _first_stale_position(self, table: list[int], num_tokens: int) -> int | None:
         """The first position (a block start) below `num_tokens` whose draft KV may be stale, or None."""
@@ -206,6 +240,24 @@ class DraftModelRunner:
             need = max(0, last // self.block_size + 1 - len(live))
             first = self.num_blocks + slot * self.scratch_per_request
             tables[i] = list(live) + list(range(first, first + need))
+        span = self._events()
+        steps = max(caps[i] for i in rows)
+        if self.fused is not None and all(caps[i] == steps for i in rows) and all(
+                requests[i].sampling_params.greedy for i in rows):
+            items = [ScheduledRequest(requests[i], [requests[i].output_token_ids[-1]], requests[i].num_computed_tokens,
+                                      tables[i], True) for i in rows]
+            inputs = build_inputs(SchedulerOutput(items, num_batched_tokens=len(items)), self.block_size, self.device)
+            key = self.fused.select(len(rows), steps, inputs.meta.block_tables.shape[1])
+            if key is not None:
+                tokens = self.fused.run(key, inputs.input_ids, inputs.positions, inputs.meta)  # [steps, len(rows)]
+                self._end_span(span)
+                for i, row in zip(rows, tokens.T.tolist()):  # the one wait for the device
+                    drafts[i] = row
+                self._read_spans(span)
+                self.num_proposal_steps += steps
+                self.num_fused_proposals += 1
+                self.runner.graph_steps += 1
+                return drafts
         outputs = []  # (request indices, [len] int64 draft tokens on the device) per step
         active, previous = rows, None
         for step in range(max(caps[i] for i in rows)):
@@ -224,7 +276,9 @@ class DraftModelRunner:
             previous, random, q = self.sampler.draw(logits, [requests[i] for i in active])  # [len(active)]
             outputs.append((active, previous, random, q))
             self.num_proposal_steps += 1
+        self._end_span(span)
         tokens = torch.cat([t for _, t, _, _ in outputs]).tolist()  # the one wait for the device
+        self._read_spans(span)
         offset = 0
         q_rows: dict[int, list[torch.Tensor]] = {}
         for indices, _, random, q in outputs:
@@ -237,6 +291,20 @@ class DraftModelRunner:
             self.sampler.keep(requests[i].request_id, drafts[i], rows_of_q)
             self.num_sampled_drafts += len(rows_of_q)
         return drafts
+
+    @staticmethod
+    def _end_span(span) -> None:
+        if span is not None:
+            span[1].record()
+
+    def _read_spans(self, span) -> None:
+        """After the proposal's wait: its device seconds, and those of the mirror forwards before it."""
+        if span is None:
+            return
+        self.propose_gpu_seconds += span[0].elapsed_time(span[1]) / 1e3
+        for start, end in self._mirror_spans:
+            self.mirror_gpu_seconds += start.elapsed_time(end) / 1e3
+        self._mirror_spans.clear()
 
     def draft_probs(self, requests: list, drafts: list[list[int]]) -> torch.Tensor | None:
         """q for the rejection sampler (`DraftSampler.draft_probs`), or None when every draft is one-hot."""

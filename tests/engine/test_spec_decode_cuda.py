@@ -83,3 +83,39 @@ def test_memory_profile_counts_the_draft_model(small_model_dir):
     assert peak_draft - plain.engine.runner.profiled_peak_bytes >= draft_bytes
     plain_kv_bytes = plain.engine.block_manager.num_blocks * plain.engine.runner.kv_bytes_per_block
     assert num_blocks < plain_kv_bytes / per_block  # the draft's weights, scratch and blocks all paid for
+
+
+def test_fused_draft_proposals_replay_one_graph_and_draft_as_step_by_step(small_model_dir, monkeypatch):
+    """The draft model's multi-step proposal graphs (spec_decode/fused_proposal.py): with the fp32 dummy model
+    as its own draft, proposals replay one graph for all k steps and draft exactly the tokens of the
+    step-by-step path (SPEC_FUSED_PROPOSAL=0), proposal by proposal; outputs are the same."""
+    import gc
+
+    import torch
+
+    common = {"load_format": "dummy", "dtype": "float32", "max_model_len": 1024, "max_num_seqs": 16,
+              "gpu_memory_utilization": 0.2}
+    spec = {"method": "draft_model", "model": str(small_model_dir), "num_speculative_tokens": 4, "policy": "always"}
+    rng = random.Random(3)
+    groups = [[[rng.randint(3, 1000) for _ in range(rng.randint(5, 300))] for _ in range(n)] for n in (4, 1)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    runs = {}
+    for fused in ("1", "0"):
+        monkeypatch.setenv("SPEC_FUSED_PROPOSAL", fused)
+        llm = LLM(str(small_model_dir), **common, speculative_config=spec)
+        proposer, log = llm.engine.spec.proposer, []
+        original = proposer.propose
+        proposer.propose = lambda requests, caps, log=log, original=original: (
+            log.append(original(requests, caps)) or log[-1])
+        outs = [[o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in g], params,
+                                                                use_tqdm=False)] for g in groups]
+        draft = llm.engine.runner.draft_runner
+        runs[fused] = (outs, [[list(d) for d in drafts] for drafts in log], draft.num_fused_proposals,
+                       draft.propose_gpu_seconds)
+        del llm, proposer, draft
+        gc.collect()
+        torch.cuda.empty_cache()
+    assert runs["1"][0] == runs["0"][0]
+    assert runs["1"][1] == runs["0"][1]
+    assert runs["1"][2] >= 10 and runs["0"][2] == 0
+    assert runs["1"][3] > 0  # the proposals' device time was measured
