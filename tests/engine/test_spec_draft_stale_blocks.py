@@ -15,7 +15,7 @@ from shared_engine.spec_decode.draft_model_runner import DraftModelRunner
 
 def _runner() -> DraftModelRunner:
     runner = DraftModelRunner.__new__(DraftModelRunner)  # the bookkeeping only: no model, no cache
-    runner.block_size, runner.stale_blocks = 4, set()
+    runner.block_size, runner.stale_blocks, runner.device = 4, set(), torch.device("cpu")  # CPU: no timing events
     runner.num_skipped_steps = runner.num_mirrored_tokens = 0
     runner.forwards = []
     runner._forward = lambda inputs: runner.forwards.append(inputs.input_ids.shape[0])
