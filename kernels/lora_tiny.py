@@ -24,6 +24,8 @@ the grid exceeds the GPU's SM count, or LORA_TINY_TICKET=1) roles are handed out
 start (an atomic ticket), so every shrink role belongs to a program that is already running and never
 waits. Without it (one program per SM or fewer) every program is resident at once whatever the dispatch
 order. Under TRITON_INTERPRET=1 programs run one by one in id order, shrinks first, so both work.
+LORA_TINY_TWO_LAUNCHES=1 (`two_launches`): the same programs as two launches, shrinks then expands, with
+stream order in place of the counter (no waiting; a second launch's gap and chain, but no tiles either).
 The counters must be zero before a launch and are only ever used by launches on one stream (the layers
 run in stream order; `LoRAProjection.apply` does not fork this path onto its side stream).
 
@@ -49,10 +51,14 @@ from kernels._checks import FLOAT_DTYPES, check_same_device, check_tensor
 TINY_MAX_TOKENS = int(os.environ.get("LORA_TINY_MAX_TOKENS", "0"))
 # "1": always hand roles out by atomic ticket; "0": never; unset: when the grid exceeds the SM count
 _TICKET_ENV = os.environ.get("LORA_TINY_TICKET")
+# "1": two launches (the shrink programs, then the expand programs: stream order instead of the counter)
+TWO_LAUNCHES = os.environ.get("LORA_TINY_TWO_LAUNCHES", "0") == "1"
 MAX_SLICES = 3  # q, k, v
 _BLOCK_R = 16  # rank rows per step (the first step is read without waiting for the rank)
 _BLOCK_N = 128  # output columns per expand program
-_TARGET_SHRINKS = 64  # shrink programs to aim for (split-K)
+# shrink programs to aim for (split-K): 64 per token, at most 256 (T = 1 at llama-3.1-8b's qkv: 48 of 256
+# K columns, i.e. 8 KB of A each; T = 8: 192 of 512)
+_SHRINKS_PER_TOKEN, _MAX_SHRINKS = 64, 256
 _MAX_SPLITS = 32
 _MAX_BLOCK_K = 256  # in_features per shrink loop step
 SYNC_WORDS = 4  # int32 counters: shrinks done, expands done, tickets (and one spare)
@@ -87,14 +93,16 @@ def _expand_rows(p_base, bv, r0, stride_ps, NUM_SPLITS: tl.constexpr, BLOCK_R: t
 
 @triton.jit
 def _lora_tiny_kernel(y_ptr, x_ptr, a_ptr, b_ptr, ranks_ptr, slots_ptr, part_ptr, sync_ptr, in_features, k_chunk,
-                      num_slices, num_shrink, num_expand, num_blocks, off1, off2, off3, cb1, cb2, stride_x,
+                      num_slices, num_shrink, num_expand, num_blocks, off1, off2, off3, cb1, cb2, pid_base, stride_x,
                       stride_ai, stride_as, stride_ar, stride_bs, stride_br, stride_y, stride_ranks, stride_ps,
                       stride_pi, stride_pt, MAX_RANK: tl.constexpr, BLOCK_R: tl.constexpr,
-                      NUM_SPLITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, TICKET: tl.constexpr):
+                      NUM_SPLITS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, TICKET: tl.constexpr,
+                      SYNC: tl.constexpr):
+    # SYNC False: one of two launches (pid_base 0: the shrinks; num_shrink: the expands), no counters
     if TICKET:
         pid = tl.atomic_add(sync_ptr + 2, 1)
     else:
-        pid = tl.program_id(0)
+        pid = tl.program_id(0) + pid_base
     if pid < num_shrink:
         # ---- shrink role: (token t, slice sl, K chunk split) -> partial[split, sl, t, :]
         split = pid % NUM_SPLITS
@@ -111,8 +119,9 @@ def _lora_tiny_kernel(y_ptr, x_ptr, a_ptr, b_ptr, ranks_ptr, slots_ptr, part_ptr
             _shrink_rows(x_base, a_base, p_base, 0, k_start, k_end, stride_ar, MAX_RANK, BLOCK_R, BLOCK_K)
             for r0 in range(BLOCK_R, rank, BLOCK_R):
                 _shrink_rows(x_base, a_base, p_base, r0, k_start, k_end, stride_ar, MAX_RANK, BLOCK_R, BLOCK_K)
-        tl.debug_barrier()  # every thread's partial stores before the release
-        tl.atomic_add(sync_ptr, 1, sem="release")
+        if SYNC:
+            tl.debug_barrier()  # every thread's partial stores before the release
+            tl.atomic_add(sync_ptr, 1, sem="release")
     else:
         # ---- expand role: (token t, column block j of the concatenated slices)
         e = pid - num_shrink
@@ -133,14 +142,16 @@ def _lora_tiny_kernel(y_ptr, x_ptr, a_ptr, b_ptr, ranks_ptr, slots_ptr, part_ptr
         r = tl.arange(0, BLOCK_R)
         b_rows = tl.where(slot >= 0, MAX_RANK, 0)  # base tokens read no B
         bv = tl.load(b_base + r[:, None] * stride_br, mask=(r[:, None] < b_rows) & n_mask[None, :], other=0.0)
-        cur = tl.load(sync_ptr, volatile=True)
-        while cur < num_shrink:  # every shrink program has stored its partial
-            cur = tl.load(sync_ptr, volatile=True)
-        # the acquire that orders the partials' loads after the shrinks' releases; its result must be used
-        # (an unused idempotent atomic is dropped by the compiler: seen in the PTX of Triton 3.9)
-        cur = tl.atomic_add(sync_ptr, 0, sem="acquire")
-        tl.debug_barrier()
-        if (rank > 0) & (cur >= num_shrink):  # cur >= num_shrink always holds here
+        cur = num_shrink
+        if SYNC:
+            # poll with acquire loads (an idempotent atomic becomes `ld.global.gpu.acquire` in the PTX; its result
+            # must be used: unused, the compiler drops it) until every shrink program has released its partial,
+            # so the partials' loads below are ordered after their stores
+            cur = tl.atomic_add(sync_ptr, 0, sem="acquire")
+            while cur < num_shrink:
+                cur = tl.atomic_add(sync_ptr, 0, sem="acquire")
+            tl.debug_barrier()
+        if rank > 0:
             p_base = part_ptr + sl * stride_pi + t * stride_pt
             acc = _expand_rows(p_base, bv, 0, stride_ps, NUM_SPLITS, BLOCK_R)
             for r0 in range(BLOCK_R, rank, BLOCK_R):
@@ -149,11 +160,12 @@ def _lora_tiny_kernel(y_ptr, x_ptr, a_ptr, b_ptr, ranks_ptr, slots_ptr, part_ptr
                               other=0.0)
                 acc += _expand_rows(p_base, bv2, r0, stride_ps, NUM_SPLITS, BLOCK_R)
             tl.store(y_row, (yv.to(tl.float32) + acc).to(y_ptr.dtype.element_ty), mask=n_mask)
-        done = tl.atomic_add(sync_ptr + 1, 1)
-        if done == num_expand - 1:  # the last program of the launch: zero the counters for the next one
-            tl.atomic_xchg(sync_ptr, 0)
-            tl.atomic_xchg(sync_ptr + 1, 0)
-            tl.atomic_xchg(sync_ptr + 2, 0)
+        if SYNC:
+            done = tl.atomic_add(sync_ptr + 1, 1)
+            if done == num_expand - 1:  # the last program of the launch: zero the counters for the next one
+                tl.atomic_xchg(sync_ptr, 0)
+                tl.atomic_xchg(sync_ptr + 1, 0)
+                tl.atomic_xchg(sync_ptr + 2, 0)
 
 
 def plan(num_tokens: int, in_features: int, slice_sizes: list[int]) -> dict:
@@ -161,7 +173,8 @@ def plan(num_tokens: int, in_features: int, slice_sizes: list[int]) -> dict:
     program counts, column blocks per slice. Depends only on shapes (a CUDA graph's grid is fixed)."""
     num_slices = len(slice_sizes)
     k_blocks = triton.cdiv(in_features, 64)
-    wanted = triton.cdiv(_TARGET_SHRINKS, max(1, num_tokens * num_slices))
+    target = min(_SHRINKS_PER_TOKEN * max(1, num_tokens), _MAX_SHRINKS)
+    wanted = triton.cdiv(target, max(1, num_tokens * num_slices))
     # a power of two (the expand sums the partials as one [splits, 16] block), no split without K columns
     splits = min(_MAX_SPLITS, 1 << (max(1, min(wanted, k_blocks)).bit_length() - 1))
     k_chunk = triton.cdiv(k_blocks, splits) * 64
@@ -189,10 +202,12 @@ def lora_tiny(
     slice_sizes: list[int],  # host ints (1 to MAX_SLICES slices)
     sync: torch.Tensor,  # [>= SYNC_WORDS] int32 device counters, zero before the call (left zero after it)
     ticket: bool | None = None,  # None: `_use_ticket`
+    two_launches: bool | None = None,  # None: TWO_LAUNCHES (env LORA_TINY_TWO_LAUNCHES)
 ) -> torch.Tensor:
     """`y[t, slice i] += B[slot(t), :rank, slice i]^T (A[i, slot(t), :rank] @ x[t])` for every token with a
     slot (fp32 products and sums, rounded once to y.dtype); other rows untouched. One launch of
-    `num_shrink + num_expand` programs (`plan`). Requires the layers' invariant that A and B rows past a
+    `num_shrink + num_expand` programs (`plan`), or with `two_launches` the shrinks and then the expands
+    as two launches (no counters, no waiting; `ticket` ignored). Requires the layers' invariant that A and B rows past a
     slot's rank are zero (the first 16 rows are read before the rank is known). Raises ValueError on bad
     shapes, dtypes or devices."""
     check_tensor("y", y, 2, FLOAT_DTYPES)
@@ -225,11 +240,14 @@ def lora_tiny(
     cum = [sum(p["blocks"][: i + 1]) for i in range(num_slices)]
     cum += [cum[-1]] * (MAX_SLICES - num_slices)
     grid = p["num_shrink"] + p["num_expand"]
-    use_ticket = _use_ticket(grid, x.device) if ticket is None else ticket
-    _lora_tiny_kernel[(grid,)](
-        y, x, a, b, ranks, token_slots, partial, sync, in_features, p["k_chunk"], num_slices, p["num_shrink"],
-        p["num_expand"], cum[-1], offs[0], offs[1], offs[2], cum[0], cum[1], x.stride(0), a.stride(0), a.stride(1),
-        a.stride(2), b.stride(0), b.stride(1), y.stride(0), ranks.stride(0), partial.stride(0), partial.stride(1),
-        partial.stride(2), MAX_RANK=max_rank, BLOCK_R=_BLOCK_R, NUM_SPLITS=p["splits"], BLOCK_K=p["block_k"],
-        BLOCK_N=_BLOCK_N, TICKET=use_ticket, num_warps=4)
+    two = TWO_LAUNCHES if two_launches is None else two_launches
+    use_ticket = not two and (_use_ticket(grid, x.device) if ticket is None else ticket)
+    launches = [(p["num_shrink"], 0), (p["num_expand"], p["num_shrink"])] if two else [(grid, 0)]
+    for programs, pid_base in launches:
+        _lora_tiny_kernel[(programs,)](
+            y, x, a, b, ranks, token_slots, partial, sync, in_features, p["k_chunk"], num_slices, p["num_shrink"],
+            p["num_expand"], cum[-1], offs[0], offs[1], offs[2], cum[0], cum[1], pid_base, x.stride(0), a.stride(0),
+            a.stride(1), a.stride(2), b.stride(0), b.stride(1), y.stride(0), ranks.stride(0), partial.stride(0),
+            partial.stride(1), partial.stride(2), MAX_RANK=max_rank, BLOCK_R=_BLOCK_R, NUM_SPLITS=p["splits"],
+            BLOCK_K=p["block_k"], BLOCK_N=_BLOCK_N, TICKET=use_ticket, SYNC=not two, num_warps=4)
     return y

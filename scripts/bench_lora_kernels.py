@@ -8,7 +8,8 @@ Kernels: `bgmv`, `sgmv` (the two SGMV launches, shrink and expand) and, for T <=
 (kernels/lora_sgmv_fused.py sgmv_fused: shrink and expand in one launch, which the layer takes at T <=
 FUSED_MAX_TOKENS); the per-layer sums say where the fused kernel's threshold belongs; for T <= 8, `tiny`
 (kernels/lora_tiny.py lora_tiny: one launch without tiles, split-K shrinks and expands meeting at a device
-counter; the layer takes it at T <= TINY_MAX_TOKENS, env LORA_TINY_MAX_TOKENS).
+counter; the layer takes it at T <= TINY_MAX_TOKENS, env LORA_TINY_MAX_TOKENS) and `tiny2` (the same
+programs as two launches, LORA_TINY_TWO_LAUNCHES=1).
 
 Cases: T tokens per step (1: batch-1 decode; 2, 8, 16, 64: small decode batches; 240: the throughput run's
 decode batch; 2048: a prefill chunk), spread uniformly over 30 adapters of rank 16 (`r16`), of ranks
@@ -51,10 +52,11 @@ def main() -> None:
 
     default_fused_max = fused.FUSED_MAX_TOKENS
 
-    def use(kernel: str) -> None:  # "fused" / "tiny": the layer's SGMV path always that kernel; "sgmv": neither
+    def use(kernel: str) -> None:  # "fused" / "tiny(2)": the layer's SGMV path always that one; "sgmv": neither
         ctx.kernel = "bgmv" if kernel == "bgmv" else "sgmv"
         fused.FUSED_MAX_TOKENS = 1 << 30 if kernel == "fused" else 0
-        tiny.TINY_MAX_TOKENS = 1 << 30 if kernel == "tiny" else 0
+        tiny.TINY_MAX_TOKENS = 1 << 30 if kernel in ("tiny", "tiny2") else 0
+        tiny.TWO_LAUNCHES = kernel == "tiny2"
 
     dev, dtype, num_slots, max_rank = torch.device("cuda"), torch.bfloat16, 32, 64
     g = torch.Generator(device=dev).manual_seed(0)
@@ -82,7 +84,7 @@ def main() -> None:
             ctx.active = True
             case = {}
             kernels = ("bgmv", "sgmv") + (("fused",) if num_tokens <= 64 else ())
-            kernels += ("tiny",) if num_tokens <= 8 else ()
+            kernels += ("tiny", "tiny2") if num_tokens <= 8 else ()
             for name, layer in layers.items():
                 x = torch.randn(num_tokens, layer.lora_a.shape[1], device=dev, generator=g).to(dtype)
                 out = torch.zeros(num_tokens, sum(layer.out_sizes), device=dev, dtype=dtype)

@@ -30,9 +30,10 @@
 #      bf16; limit 60 s), then one engine process per variant, each writing lora_itl_<variant>_<commit>.json:
 #        sgmv         the default two SGMV kernels (shrink on the side stream in graphs), plus the base engine;
 #        tiny         LORA_TINY_MAX_TOKENS=8: kernels/lora_tiny.py at T <= 8 (one launch, no tiles);
-#        tiny_ticket  the same with LORA_TINY_TICKET=1 (roles by atomic ticket: one more atomic per program).
-#      ITL_VARIANTS picks a subset. Estimate (not measured): ~20 s test, ~70 s sgmv (two engines), ~45 s per
-#      other variant, ~180 s in all; limits 60 + 130 + 90 + 90 s.
+#        tiny_two     the same as two launches (LORA_TINY_TWO_LAUNCHES=1: shrinks, then expands; no counter);
+#        tiny_ticket  (not in the default list) tiny with LORA_TINY_TICKET=1 (roles by atomic ticket).
+#      ITL_VARIANTS picks them (default "sgmv tiny tiny_two"). Estimate (not measured): ~25 s test, ~70 s
+#      sgmv (two engines), ~45 s per other variant, ~185 s in all; limits 60 + 130 + 90 per other variant.
 # Each step has its own time limit, so one slow step cannot starve the next. On one H200 at c518670
 # (gpu_run_c518670.log): bench 99 s, profile 80 s, so STEPS="profile bench" ~180 s. Estimates (not
 # measured): kernels ~60 s cold (more Triton variants since: 64-token tiles, the fused kernel; limit 150 s),
@@ -105,15 +106,16 @@ if [[ "$STEPS" == *" itl "* ]]; then
   step "lora_tiny under CUDA graphs (llama-3.1-8b qkv, bf16)"
   timeout 60 $PY -m pytest tests/kernels/test_lora_tiny.py -k cuda_graph -q -p no:cacheprovider -rs 2>&1 | tail -8 \
     | tee "$OUT/lora_tiny_graph_tests_${COMMIT}.log"
-  for variant in ${ITL_VARIANTS:-sgmv tiny tiny_ticket}; do
+  for variant in ${ITL_VARIANTS:-sgmv tiny tiny_two}; do
     case $variant in
       sgmv) envs=(); extra=(); limit=130 ;;
       tiny) envs=(LORA_TINY_MAX_TOKENS=8); extra=(--skip-base); limit=90 ;;
+      tiny_two) envs=(LORA_TINY_MAX_TOKENS=8 LORA_TINY_TWO_LAUNCHES=1); extra=(--skip-base); limit=90 ;;
       tiny_ticket) envs=(LORA_TINY_MAX_TOKENS=8 LORA_TINY_TICKET=1); extra=(--skip-base); limit=90 ;;
       *) echo "unknown ITL variant $variant"; continue ;;
     esac
     step "batch-1 ITL: $variant (${envs[*]:-defaults})"
-    env "${envs[@]}" GIT_COMMIT=$COMMIT timeout $limit $PY scripts/bench_lora.py --itl-only "${extra[@]}" \
+    env ${envs[@]+"${envs[@]}"} GIT_COMMIT=$COMMIT timeout $limit $PY scripts/bench_lora.py --itl-only ${extra[@]+"${extra[@]}"} \
       --max-num-seqs 16 --out "$OUT/lora_itl_${variant}_${COMMIT}.json" 2>&1 | tail -3 \
       | tee "$OUT/bench_lora_itl_${variant}_${COMMIT}.log"
   done

@@ -3,7 +3,8 @@ pure-torch references (TRITON_INTERPRET=1 on the CPU): mixed slots, base-model t
 slices (rank 0), ranks below, at and above its 16-row first block, slices of unequal widths that are not
 multiples of the column block, in_features that is not a multiple of the K block, both role assignments
 (program id, atomic ticket), graph-style fixed buffers (a token-slot buffer longer than the step, repeated
-launches on the same counters, which must be left zero), and the layer's choice of the kernel."""
+launches on the same counters, which must be left zero), the two-launch mode, and the layer's choice of
+the kernel."""
 
 from __future__ import annotations
 
@@ -51,10 +52,14 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("ticket", [False, True])
+MODES = {"pid": dict(ticket=False, two_launches=False), "ticket": dict(ticket=True, two_launches=False),
+         "two": dict(two_launches=True)}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("slots", [[0], [2], [-1], [1, -1, 2, 0, 2], [3, 0, -1, 1, 1, 2, -1, 0]])
-def test_tiny_matches_reference(case, slots, ticket, device):
+def test_tiny_matches_reference(case, slots, mode, device):
     in_features, sizes, ranks = CASES[case]
     num_slots = len(ranks[0])
     slots = [s % num_slots if s >= 0 else -1 for s in slots]
@@ -67,7 +72,7 @@ def test_tiny_matches_reference(case, slots, ticket, device):
     expected = reference(y0, x, a, b, ranks_t, token_slots[: len(slots)].cpu(), sizes)
     for _ in range(2):  # the second launch reuses the counters: the first must have left them zero
         y = y0.clone()
-        got = lora_tiny(y, x, a, b, ranks_t, token_slots, sizes, sync, ticket=ticket)
+        got = lora_tiny(y, x, a, b, ranks_t, token_slots, sizes, sync, **MODES[mode])
         assert got is y
         assert torch.equal(sync.cpu(), torch.zeros(SYNC_WORDS, dtype=torch.int32))
         assert_rel_close(y.cpu(), expected.cpu(), _TOL[torch.float32])
@@ -156,9 +161,9 @@ def test_layer_takes_tiny_kernel_up_to_threshold(device, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the counters' ordering needs concurrent programs (GPU)")
-@pytest.mark.parametrize("ticket", [False, True])
+@pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("num_tokens", [1, 8])
-def test_tiny_llama_qkv_replays_in_cuda_graph(num_tokens, ticket):
+def test_tiny_llama_qkv_replays_in_cuda_graph(num_tokens, mode):
     """llama-3.1-8b's qkv (4096 -> 4096 + 1024 + 1024) in bf16, 32 slots of max rank 64 (30 of rank 16, slot
     31 of rank 64), captured once and replayed with new slots and inputs: every replay equals the reference
     (a missing wait or a stale counter shows up as a wrong or hung replay)."""
@@ -171,12 +176,12 @@ def test_tiny_llama_qkv_replays_in_cuda_graph(num_tokens, ticket):
     y_in = torch.zeros_like(y_static)
     token_slots = torch.full((16,), -1, dtype=torch.int32, device=dev)
     sync = torch.zeros(SYNC_WORDS, dtype=torch.int32, device=dev)
-    lora_tiny(y_static, x_static, a, b, ranks_t, token_slots, sizes, sync, ticket=ticket)  # JIT outside capture
+    lora_tiny(y_static, x_static, a, b, ranks_t, token_slots, sizes, sync, **MODES[mode])  # JIT outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y_static.copy_(y_in)
-        lora_tiny(y_static, x_static, a, b, ranks_t, token_slots, sizes, sync, ticket=ticket)
+        lora_tiny(y_static, x_static, a, b, ranks_t, token_slots, sizes, sync, **MODES[mode])
     for step in range(20):
         slots = torch.randint(-1, 32, (num_tokens,), generator=g, dtype=torch.int32)
         slots[0] = 31 if step % 2 else 0
