@@ -32,6 +32,8 @@
 #        tiny         LORA_TINY_MAX_TOKENS=8: kernels/lora_tiny.py at T <= 8 (one launch, no tiles);
 #        tiny_two     the same as two launches (LORA_TINY_TWO_LAUNCHES=1: shrinks, then expands; no counter);
 #        tiny_ticket  (not in the default list) tiny with LORA_TINY_TICKET=1 (roles by atomic ticket).
+#      The engine-level check of a variant is step 2 with its env, e.g. LORA_TINY_MAX_TOKENS=8 STEPS=graphs
+#      (that test's decode graphs are all <= 8 tokens, so every decode runs lora_tiny; ~45 s).
 #      ITL_VARIANTS picks them (default "sgmv tiny tiny_two"). Estimate (not measured): ~25 s test, ~70 s
 #      sgmv (two engines), ~45 s per other variant, ~185 s in all; limits 60 + 130 + 90 per other variant.
 # Each step has its own time limit, so one slow step cannot starve the next. On one H200 at c518670
