@@ -9,7 +9,12 @@ heads); with GQA each K/V tile is loaded by every query head of its group. Packi
 into one program's rows (one K/V load per group) was measured on the H200 at most 3% faster, on 4 x 2,048
 tokens and on the RAG case's 450-token chunk (benchmarks/results/kernels_h200_add5b01.json; the code is in
 commit add5b01), and was removed. An FP8 (e4m3) cache is read with per-tensor `k_scale` / `v_scale`
-(kernels/fp8.py).
+(kernels/fp8.py); with a bf16 q its dots run in fp16 (`fp8_f16`: e4m3 -> fp16 is one conversion per 2 values,
+-> bf16 three; the tiles stay exact).
+
+Compiled for sm_90 offline (Triton 3.9, ptxas 12.9; not the device's 3.6), the 64 x 64 bf16 tile uses ~200
+registers a thread: 2 programs of 4 warps an SM. `maxnreg=168` fits 3 without spills where shared memory
+allows; `lazy_rescale` (FlashAttention-4's conditional rescale) raised registers to 255 there.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from kernels.fp8 import KV_CACHE_DTYPES, check_scale, read_cache
 from kernels.paged_decode_attention import gather_paged_kv
 
 # Tile configs (block_m, block_n, num_warps, num_stages) the H200 bench sweeps (scripts/bench_prefill_attention.py
-# --sweep): the default first, then FlashAttention-2-style Hopper candidates (128-row query tiles over 8 warps,
+# --sweep): the aab412d default first, then FlashAttention-2-style Hopper candidates (128-row query tiles over 8 warps,
 # 32/64/128-wide KV tiles, 2-4 pipeline stages). Each (block_m, block_n) is checked against the reference in
 # Triton's interpreter (tests/kernels/test_paged_prefill_attention.py); warps and stages only schedule.
 TILE_CONFIGS = (
@@ -32,6 +37,21 @@ TILE_CONFIGS = (
     (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 8, 4),
     (128, 128, 8, 2), (128, 128, 8, 3), (128, 32, 8, 3), (128, 32, 4, 4),
 )
+
+
+# The launcher's defaults, per cache dtype: one line each to change after an H200 sweep. bf16: 64 x 64 tiles over
+# 4 warps, 3 stages, prefetch: the fastest bf16 config at aab412d on 4 x 2,048 (443 us vs 470 us for the old
+# default 64/64/4/2) and on the RAG chunk (122 vs 145 us) (benchmarks/results/prefill_attention_h200_aab412d.json).
+# FP8: 2 stages + prefetch (667-669 us vs 745 us on 4 x 2,048, 258 vs 246 us on the RAG chunk there) and fp8_f16
+# (~40% fewer PTX instructions per KV tile: e4m3 -> fp16 is one cvt per 2 values, -> bf16 three; unmeasured).
+# lazy_rescale and maxnreg are sweep options (scripts/bench_prefill_attention.py --sweep), unmeasured.
+DEFAULTS = dict(block_m=64, block_n=64, num_warps=4, num_stages=3, prefetch=True, lazy_rescale=False, fp8_f16=True,
+                maxnreg=None)  # (fp8_f16 acts on FP8 caches only)
+FP8_DEFAULTS = dict(DEFAULTS, num_stages=2)
+# The launcher defaults at aab412d (before prefetch, lazy_rescale, fp8_f16, maxnreg): the bench's "baseline".
+BASELINE = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, prefetch=False, lazy_rescale=False, fp8_f16=False,
+                maxnreg=None)
+RESCALE_THRESHOLD = tl.constexpr(8.0)  # lazy_rescale: a row's max may lag by 8 (log2 units): p <= 256
 
 
 def paged_prefill_attention_ref(
@@ -65,7 +85,7 @@ def paged_prefill_attention_ref(
 def _attend_kv_range(
     q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, q_pos, kv_start, kv_end, qk_scale,
     stride_cb, stride_ct, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL_MASK: tl.constexpr, PREFETCH: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr, PREFETCH: tl.constexpr, LAZY_RESCALE: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update of rows `q` [ROWS, HEAD_DIM], row i at token position q_pos[i] (rows may mix
     tokens and heads), over KV positions [kv_start, kv_end); masks (causal, bounds) only where CAUSAL_MASK.
@@ -73,7 +93,11 @@ def _attend_kv_range(
     caller's full tiles): its loads are then unmasked. `qk_scale` is applied inside the exponent (one FMA per
     score, as FlashAttention does), `m_i` is kept in scaled units. PREFETCH: the next tile's block ids are
     loaded while this tile computes and V is loaded with K, so a tile's K/V loads wait for no other load (the
-    block-table load -> K/V load chain is otherwise on every iteration's critical path)."""
+    block-table load -> K/V load chain is otherwise on every iteration's critical path).
+    LAZY_RESCALE (full tiles only; FlashAttention-4's conditional rescaling): `m_i` moves, and `acc` / `l_i`
+    are rescaled, only on tiles where some row's max grows by more than RESCALE_THRESHOLD (log2 units);
+    otherwise the stale max is kept, so p <= 2**RESCALE_THRESHOLD and the tile skips the [ROWS, HEAD_DIM]
+    multiply of `acc` and the exp2 of alpha. Exact up to rounding: `acc` and `l_i` always share `m_i`."""
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
     if PREFETCH:
@@ -105,16 +129,28 @@ def _attend_kv_range(
         if CAUSAL_MASK:
             s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s * qk_scale - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if not PREFETCH:
-            if CAUSAL_MASK:
-                v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)
-            else:
+        if LAZY_RESCALE and not CAUSAL_MASK:  # full tiles: every row's s is finite, so m_new is
+            if tl.max(m_new - m_i, 0) > RESCALE_THRESHOLD:  # the first tile always rescales (m_i = -inf)
+                alpha = tl.exp2(m_i - m_new)
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_new
+            p = tl.exp2(s * qk_scale - m_i[:, None])
+            l_i = l_i + tl.sum(p, 1)
+            if not PREFETCH:
                 v = tl.load(v_cache_ptr + kv_off).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        else:
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s * qk_scale - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if not PREFETCH:
+                if CAUSAL_MASK:
+                    v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0).to(q.dtype)
+                else:
+                    v = tl.load(v_cache_ptr + kv_off).to(q.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
     return m_i, l_i, acc
 
 
@@ -125,6 +161,7 @@ def _prefill_kernel(
     scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_ot, stride_oh,
     QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSE_TILES: tl.constexpr, PREFETCH: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr, DOT_F16: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     if REVERSE_TILES:  # a sequence's last (longest) query tiles start first: a shorter tail of the grid
@@ -144,6 +181,8 @@ def _prefill_kernel(
     q_rows = (q_start + offs_m).to(tl.int64)
     q_ptrs = q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=m_valid[:, None], other=0.0)
+    if DOT_F16:  # FP8 cache: e4m3 -> fp16 is one cvt per 2 values (-> bf16 goes through fp16: 3), exact
+        q = q.to(tl.float16)
     qk_scale = scale * 1.4426950408889634  # softmax in base 2
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -155,11 +194,11 @@ def _prefill_kernel(
     full_end = tl.minimum((prefix + tile * BLOCK_M + 1) // BLOCK_N * BLOCK_N, kv_end)
     m_i, l_i, acc = _attend_kv_range(
         q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, q_pos, 0, full_end, qk_scale,
-        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, PREFETCH,
+        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, PREFETCH, LAZY_RESCALE,
     )  # fmt: skip
     m_i, l_i, acc = _attend_kv_range(
         q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, head_off, q_pos, full_end, kv_end, qk_scale,
-        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, PREFETCH,
+        stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, PREFETCH, LAZY_RESCALE,
     )  # fmt: skip
     out = acc / l_i[:, None] * v_scale
     o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
@@ -176,14 +215,17 @@ def paged_prefill_attention(
     scale: float,
     max_seqlen_q: int,
     out: torch.Tensor | None = None,  # [num_tokens, num_q_heads, head_dim]
-    block_m: int = 64,
-    block_n: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     reverse_tiles: bool = False,
-    prefetch: bool = False,
+    prefetch: bool | None = None,
+    lazy_rescale: bool | None = None,
+    fp8_f16: bool | None = None,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
     """Causal varlen attention of new query tokens over the paged cache (see the module docstring).
 
@@ -191,10 +233,20 @@ def paged_prefill_attention(
     needed. Requires context_lens[b] >= q_len_b. head_dim: power of two >= 16. `scale` multiplies q.k.
     `block_m` (power of two >= 16) counts a program's query tokens; `reverse_tiles` launches the query tiles
     last first (under a causal mask the last tiles have the most keys); `prefetch` loads the next KV tile's
-    block ids ahead and V with K (see `_attend_kv_range`). The caches hold q's dtype or are
-    float8_e4m3fn (an FP8 KV cache, values times `k_scale` / `v_scale`). Launches without host syncs.
+    block ids ahead and V with K; `lazy_rescale` rescales the output accumulator only when a row's running
+    max grows by more than RESCALE_THRESHOLD (see `_attend_kv_range`). The caches hold q's dtype or are
+    float8_e4m3fn (an FP8 KV cache, values times `k_scale` / `v_scale`); over an FP8 cache and a bf16 q, `fp8_f16`
+    runs both dots in fp16 (q cast to fp16: needs |q| < 65504; K/V tiles cast exactly; P in fp16), not bf16.
+    `maxnreg` caps registers per thread (ptxas): at 168, 3 programs of 4 warps fit an SM's 64 K registers where
+    shared memory allows (64 x 64 tiles: 1 stage of bf16, 2 of FP8), at ~200 (uncapped) 2. Options left as
+    None take DEFAULTS (FP8_DEFAULTS over an FP8 cache). Launches without host syncs.
     Raises ValueError on bad shapes, dtypes, layouts or block_m.
     """
+    opts = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages, prefetch=prefetch,
+                lazy_rescale=lazy_rescale, fp8_f16=fp8_f16, maxnreg=maxnreg)
+    defaults = FP8_DEFAULTS if k_cache.dtype == torch.float8_e4m3fn else DEFAULTS
+    opts = {k: defaults[k] if v is None else v for k, v in opts.items()}
+    block_m, block_n, num_warps, num_stages = opts["block_m"], opts["block_n"], opts["num_warps"], opts["num_stages"]
     check_tensor("q", q, 3, FLOAT_DTYPES)
     check_tensor("k_cache", k_cache, 4, KV_CACHE_DTYPES, contiguous=True)
     check_tensor("v_cache", v_cache, 4, KV_CACHE_DTYPES, contiguous=True)
@@ -225,8 +277,11 @@ def paged_prefill_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         QUERIES_PER_KV=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, REVERSE_TILES=bool(reverse_tiles), PREFETCH=bool(prefetch),
+        BLOCK_M=block_m, BLOCK_N=block_n, REVERSE_TILES=bool(reverse_tiles), PREFETCH=bool(opts["prefetch"]),
+        LAZY_RESCALE=bool(opts["lazy_rescale"]),
+        DOT_F16=bool(opts["fp8_f16"]) and k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16,
         num_warps=num_warps,
         num_stages=num_stages,
+        **({"maxnreg": int(opts["maxnreg"])} if opts["maxnreg"] else {}),
     )  # fmt: skip
     return out

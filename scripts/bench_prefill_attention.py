@@ -6,8 +6,10 @@ run, the Hopper tile sweep):
 
     python scripts/bench_prefill_attention.py --out prefill_h200.json [--sweep] [--commit SHA]
 
-~60 s on one H200 without the sweep, ~180 s with it (cold Triton cache: one compile per tile config and cache
-dtype)."""
+Each row times the launcher's defaults ("default") and aab412d's ("baseline") in the same process; the sweep
+adds the tile configs, the loop options and NEW_VARIANTS / FP8_VARIANTS. With the sweep: 73 s for
+gpu_fp8_check.sh STEPS=7 at aab412d (84 timed variants, cold Triton cache); now ~114 variants, estimated
+~120 s."""
 
 from __future__ import annotations
 
@@ -27,10 +29,28 @@ from kernel_bench_common import BF16, DEV, bench_us, contiguous_kv, paged_setup,
 from benchmarks.env_info import git_commit  # noqa: E402
 from kernels import paged_prefill_attention  # noqa: E402
 from kernels.fp8 import FP8_MAX, dequantize_fp8_ref, quantize_fp8_ref  # noqa: E402
-from kernels.paged_prefill_attention import TILE_CONFIGS  # noqa: E402
+from kernels.paged_prefill_attention import BASELINE, DEFAULTS, FP8_DEFAULTS, TILE_CONFIGS  # noqa: E402
 
-PREFILL_CONFIGS = TILE_CONFIGS  # (block_m, block_n, num_warps, num_stages), the default first
+PREFILL_CONFIGS = TILE_CONFIGS  # (block_m, block_n, num_warps, num_stages), the aab412d default first
 PREFETCH_TILES = ((64, 64, 4, 3), (128, 64, 8, 3))  # prefetch also timed at these (deeper pipelines)
+# Loop options off: the aab412d kernel (the tile sweep and its options run with these; FP8 rows with fp8_f16 on)
+OFF = dict(reverse_tiles=False, prefetch=False, lazy_rescale=False, fp8_f16=False, maxnreg=None)
+# The options new since aab412d, on tiles chosen from offline sm_90 compiles (registers, shared memory; see the
+# kernel's docstring): maxnreg 168 with 1-2 stages (3 programs an SM), lazy rescaling; FP8 adds the old dtype path.
+NEW_VARIANTS = (
+    dict(block_m=64, block_n=64, num_warps=4, num_stages=1, maxnreg=168),
+    dict(block_m=64, block_n=64, num_warps=4, num_stages=1, maxnreg=168, prefetch=True),
+    dict(block_m=64, block_n=64, num_warps=4, num_stages=2, maxnreg=168, prefetch=True),
+    dict(block_m=64, block_n=64, num_warps=4, num_stages=3, prefetch=True, lazy_rescale=True),
+    dict(block_m=64, block_n=64, num_warps=4, num_stages=2, prefetch=True, lazy_rescale=True),
+)
+FP8_VARIANTS = (  # FP8 rows only: fp8_f16 off at the fastest FP8 config of aab412d, on at two more
+    dict(block_m=64, block_n=64, num_warps=4, num_stages=2, prefetch=True, fp8_f16=False),
+    dict(block_m=64, block_n=64, num_warps=4, num_stages=3, prefetch=True),
+    dict(block_m=128, block_n=128, num_warps=8, num_stages=2, prefetch=True),
+)
+CFG_KEYS = ("block_m", "block_n", "num_warps", "num_stages", "reverse_tiles", "prefetch", "lazy_rescale", "fp8_f16",
+            "maxnreg")
 
 
 def fp8_cache(cache: torch.Tensor) -> tuple[torch.Tensor, float, torch.Tensor]:
@@ -116,12 +136,16 @@ def bench_prefill_case(
                 "rel_err": rel_err(out, reference)}
 
     def run(kc, vc, reference, scales, tag: str) -> dict:
+        fp8 = kc.dtype == torch.float8_e4m3fn
+        defaults = FP8_DEFAULTS if fp8 else DEFAULTS
         r = {"shape": f"q_lens {q_lens} after prefixes {prefixes}, {hq}/{hk} heads, d{d}, bs{bs}, {tag} KV",
-             "default": timed(kc, vc, reference, scales)}
+             "default": {**defaults, **timed(kc, vc, reference, scales)},  # the launcher's defaults (this commit)
+             "baseline": timed(kc, vc, reference, scales, **BASELINE)}  # the aab412d defaults, same process
         if "us" in r["default"]:
             r["default"]["pct_matmul_peak"] = 100 * r["default"]["TFLOPs"] / matmul_tflops
         if sweep:
-            variants = [timed(kc, vc, reference, scales, block_m=bm, block_n=bn, num_warps=w, num_stages=st)
+            off = dict(OFF, fp8_f16=fp8)  # the tile sweep: aab412d's loop, FP8 rows on the fp16 dots
+            variants = [timed(kc, vc, reference, scales, **off, block_m=bm, block_n=bn, num_warps=w, num_stages=st)
                         for bm, bn, w, st in PREFILL_CONFIGS]
             ok = [x for x in variants if "us" in x]
             tiles = [PREFILL_CONFIGS[0]]  # the loop options on the default and the best config
@@ -131,8 +155,10 @@ def bench_prefill_case(
             options = [(t, dict(reverse_tiles=True)) for t in dict.fromkeys(tiles)]
             options += [(t, dict(prefetch=True)) for t in dict.fromkeys([*tiles, *PREFETCH_TILES])]
             options += [(t, dict(prefetch=True, reverse_tiles=True)) for t in dict.fromkeys(tiles)]
-            variants += [timed(kc, vc, reference, scales, block_m=bm, block_n=bn, num_warps=w, num_stages=st, **o)
-                         for (bm, bn, w, st), o in options]
+            variants += [timed(kc, vc, reference, scales, **{**off, **o}, block_m=bm, block_n=bn, num_warps=w,
+                               num_stages=st) for (bm, bn, w, st), o in options]
+            variants += [timed(kc, vc, reference, scales, **{**off, **v})
+                         for v in (*NEW_VARIANTS, *(FP8_VARIANTS if fp8 else ()))]
             ok = [x for x in variants if "us" in x]
             r["default_sweep"] = variants
             r["default_sweep_best"] = min(ok, key=lambda x: x["us"]) if ok else None
@@ -164,7 +190,7 @@ def bench_prefill(matmul_tflops: float, sweep: bool, gen, qlen: int = 2048, kv_d
     for r in (long, rag, long.get("fp8"), rag.get("fp8")):
         if r is None:
             continue
-        best = [r[k] for k in ("default", "default_sweep_best") if r.get(k, {})]
+        best = [r[k] for k in ("default", "baseline", "default_sweep_best") if r.get(k, {})]
         ok = [x for x in best if "us" in x]
         r["fastest"] = min(ok, key=lambda x: x["us"]) if ok else None
     rag["per_step_32_layers_ms"] = {
@@ -188,14 +214,14 @@ def summary_rows(prefill: dict) -> list[str]:
         for r in (case, case.get("fp8")):
             if r is None:
                 continue
-            d, f = r.get("default") or {}, r.get("fastest") or {}
-            cfg = {k: f[k] for k in ("block_m", "block_n", "num_warps", "num_stages", "reverse_tiles", "prefetch")
-                   if k in f}
+            d, f, b = r.get("default") or {}, r.get("fastest") or {}, r.get("baseline") or {}
+            cfg = {k: f[k] for k in CFG_KEYS if f.get(k)}
             if "us" not in d:
                 rows.append(f"{r['shape']}: default failed: {d.get('error')}")
                 continue
             rows.append(
-                f"{r['shape']}: sdpa {sdpa['sdpa_us']:.0f} us ({sdpa['sdpa_TFLOPs']:.0f} TFLOP/s) | ours default "
+                f"{r['shape']}: sdpa {sdpa['sdpa_us']:.0f} us ({sdpa['sdpa_TFLOPs']:.0f} TFLOP/s) | aab412d default "
+                f"{b.get('us', float('nan')):.0f} us = {b.get('pct_of_sdpa_speed', float('nan')):.1f}% | ours default "
                 f"{d['us']:.0f} us = {d['pct_of_sdpa_speed']:.1f}% of sdpa | fastest {f.get('us', float('nan')):.0f} us"
                 f" = {f.get('pct_of_sdpa_speed', float('nan')):.1f}% {cfg or 'default'} | rel err {d['rel_err']:.1e}"
                 f" | >= 90% of sdpa (issue 23): default {'yes' if d['pct_of_sdpa_speed'] >= 90 else 'NO'}, fastest "

@@ -15,7 +15,8 @@
 #      in the same run): 4 bf16 (the ratio's denominator), 5 FP8 KV, 6 FP8 KV + FP8 weights;
 #   7. prefill attention must-show (scripts/bench_prefill_attention.py --sweep): paged_prefill_attention vs SDPA
 #      (bf16, contiguous K/V) in the same run at 4 x 2,048 new tokens and the RAG chunk (450 after a 5,200-token
-#      cached prefix), over a bf16 and an FP8 cache, with the Hopper tile sweep (+ longest tiles first, block-id prefetch): ~180 s cold.
+#      cached prefix), over a bf16 and an FP8 cache, with the Hopper tile sweep (+ longest tiles first, block-id prefetch,
+#      lazy rescale, maxnreg 168, FP8 dots in fp16) and the aab412d defaults as "baseline": 73 s at aab412d, ~120 s now.
 # Measured at 6e21304 (H200, warm): steps 1-3 55 s. Estimate, cold Triton cache: step 1 ~90 s, step 2 ~90 s (fp32
 # baseline), step 3 ~90 s (four engines), step 7 ~180 s; ~60 s start-up + 80-110 s per offline run. Run
 # STEPS=1,2,3,7 (~7.5 min; carry h200_tokenizer/), then STEPS=4,5 (~6 min), then STEPS=6 (~3 min), one warm machine.

@@ -3,6 +3,7 @@ import torch
 from _util import assert_rel_close, make_paged_kv, poisoned, rel_tol
 
 from kernels.fp8 import dequantize_fp8_ref, quantize_fp8_ref
+from kernels.paged_decode_attention import gather_paged_kv
 from kernels.paged_prefill_attention import TILE_CONFIGS, paged_prefill_attention, paged_prefill_attention_ref
 
 # (q_lens, cached prefix lens, num_q_heads, num_kv_heads, head_dim, block_size, block_m, block_n)
@@ -35,17 +36,19 @@ def test_prefill_matches_reference(device, q_lens, prefixes, hq, hk, d, bs, bloc
     _run_case(device, torch.float32, q_lens, prefixes, hq, hk, d, bs, block_m, block_n, gen)
 
 
-# (block_m, block_n, reverse_tiles, prefetch): every swept tile shape, then the loop options
-SWEPT = [(*t, False, False) for t in sorted({c[:2] for c in TILE_CONFIGS})]
-SWEPT += [(64, 64, True, False), (16, 32, True, False), (64, 64, False, True), (128, 64, False, True),
-          (16, 32, True, True)]
+# (block_m, block_n, reverse_tiles, prefetch, lazy_rescale): every swept tile shape, then the loop options
+SWEPT = [(*t, False, False, False) for t in sorted({c[:2] for c in TILE_CONFIGS})]
+SWEPT += [(64, 64, True, False, False), (16, 32, True, False, False), (64, 64, False, True, False),
+          (128, 64, False, True, False), (16, 32, True, True, False), (64, 64, False, True, True),
+          (128, 128, False, True, True), (16, 32, True, False, True), (32, 16, False, True, True)]
 
 
-@pytest.mark.parametrize("block_m,block_n,reverse,prefetch", SWEPT)
-def test_every_swept_tile_shape_matches_reference(device, block_m, block_n, reverse, prefetch):
+@pytest.mark.parametrize("block_m,block_n,reverse,prefetch,lazy", SWEPT)
+def test_every_swept_tile_shape_matches_reference(device, block_m, block_n, reverse, prefetch, lazy):
     """The bench's tile shapes (TILE_CONFIGS) on sequences longer than a 128-row tile, with and without a
     cached prefix that is not a multiple of any tile, over an FP8 cache, tiles in launch order and reversed
-    (longest first), block ids prefetched or not: the H200 sweep times only correct configurations.
+    (longest first), block ids prefetched or not, lazy rescaling or not: the H200 sweep times only correct
+    configurations.
     (num_warps / num_stages do not change the result; the interpreter ignores them.)"""
     gen = torch.Generator().manual_seed(block_m + block_n)
     q_lens, prefixes, hq, hk, d, bs = [137, 9], [0, 150], 4, 2, 32, 16
@@ -56,10 +59,70 @@ def test_every_swept_tile_shape_matches_reference(device, block_m, block_n, reve
     q = torch.randn(sum(q_lens), hq, d, generator=gen).to(device)
     out = poisoned(q.shape, q.dtype, device)
     paged_prefill_attention(q, k8, v8, bt, cu, lens, d**-0.5, max(q_lens), out=out, block_m=block_m,
-                            block_n=block_n, k_scale=0.01, v_scale=0.02, reverse_tiles=reverse, prefetch=prefetch)
+                            block_n=block_n, k_scale=0.01, v_scale=0.02, reverse_tiles=reverse, prefetch=prefetch,
+                            lazy_rescale=lazy)
     ref = paged_prefill_attention_ref(q, dequantize_fp8_ref(k8, 0.01), dequantize_fp8_ref(v8, 0.02), bt, cu, lens,
                                       d**-0.5)
     assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
+
+
+def _scale_keys_by_position(k_cache, bt, ctx, bs, steps):
+    """K of token p of each sequence times factor f for every (start, f) of `steps` with p >= start (the last
+    such): the scores, and each row's running max, jump at the starts."""
+    for b, n in enumerate(ctx):
+        for p in range(n):
+            f = [f for start, f in steps if p >= start]
+            k_cache[int(bt[b, p // bs]), p % bs] *= f[-1] if f else 1.0
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_lazy_rescale_matches_reference_when_the_max_grows(device, prefetch):
+    """lazy_rescale keeps a stale row max until some row's max grows by more than RESCALE_THRESHOLD (log2
+    units): keys scaled up 40x and then 80x along the sequence make later full tiles both skip the rescale
+    (growth <= 8) and need it (growth > 128: without it exp2 overflows fp32), as asserted on the data first; a
+    missing or wrong rescale of acc or l_i fails the comparison."""
+    gen = torch.Generator().manual_seed(7)
+    q_lens, prefixes, hq, hk, d, bs, bm, bn = [150, 40], [0, 90], 4, 2, 32, 16, 16, 16
+    ctx = [q + p for q, p in zip(q_lens, prefixes)]
+    k_cache, v_cache, bt, lens = make_paged_kv(ctx, hk, d, bs, torch.float32, device, gen=gen)
+    _scale_keys_by_position(k_cache, bt, ctx, bs, [(48, 40.0), (96, 80.0)])
+    cu = torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32, device=device)
+    q = (3 * torch.randn(sum(q_lens), hq, d, generator=gen)).to(device)
+    scale = d**-0.5
+    # the data exercises both branches: per 16-key tile growth of the last query's running max (log2 units)
+    keys = gather_paged_kv(k_cache, bt[0], ctx[0]).float()  # [n, hk, d]
+    s = torch.einsum("hd,nhd->hn", q[q_lens[0] - 1, ::hq // hk].float(), keys) * scale * 1.4426950408889634
+    full = ctx[0] // bn * bn
+    tile_max = s[:, :full].view(hk, -1, bn).amax(-1).cummax(-1).values  # [hk, tiles], running max
+    growth = (tile_max[:, 1:] - tile_max[:, :-1]).amax(0)  # per tile, over the heads
+    assert (growth > 128).any() and ((growth > 0) & (growth <= 8)).any(), growth
+    out = poisoned(q.shape, q.dtype, device)
+    paged_prefill_attention(q, k_cache, v_cache, bt, cu, lens, scale, max(q_lens), out=out, block_m=bm, block_n=bn,
+                            prefetch=prefetch, lazy_rescale=True)
+    ref = paged_prefill_attention_ref(q, k_cache, v_cache, bt, cu, lens, scale)
+    assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
+
+
+# Triton's CPU interpreter (3.9) computes bf16 tl.dot wrongly (errors ~1e10 on a 16 x 16 product): bf16 dots on CUDA
+@pytest.mark.parametrize("fp8_f16", [pytest.param(False, marks=pytest.mark.gpu), True])
+def test_bf16_q_over_fp8_cache_matches_reference(device, fp8_f16):
+    """bf16 q over an FP8 cache, with the dots in bf16 (fp8_f16=False) or in fp16 (True: q cast to fp16, the
+    e4m3 tiles cast exactly, P in fp16), against the fp32 reference over the dequantised cache, within bf16's
+    tolerance (4e-3 for fp16 dots: a 1% error in q's cast misses it); wrong scales or casts miss by far more."""
+    gen = torch.Generator().manual_seed(11)
+    q_lens, prefixes, hq, hk, d, bs = [70, 5], [0, 33], 4, 2, 32, 16
+    ctx = [q + p for q, p in zip(q_lens, prefixes)]
+    k_cache, v_cache, bt, lens = make_paged_kv(ctx, hk, d, bs, torch.float32, device, gen=gen)
+    k8, v8 = quantize_fp8_ref(k_cache, 0.01), quantize_fp8_ref(v_cache, 0.02)
+    cu = torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32, device=device)
+    q = torch.randn(sum(q_lens), hq, d, generator=gen).to(device=device, dtype=torch.bfloat16)
+    out = poisoned(q.shape, q.dtype, device)
+    paged_prefill_attention(q, k8, v8, bt, cu, lens, d**-0.5, max(q_lens), out=out, block_m=32, block_n=16,
+                            k_scale=0.01, v_scale=0.02, fp8_f16=fp8_f16)
+    ref = paged_prefill_attention_ref(q.float(), dequantize_fp8_ref(k8, 0.01), dequantize_fp8_ref(v8, 0.02), bt, cu,
+                                      lens, d**-0.5)
+    # fp16 dots: q and the tiles cast exactly, only P's fp16 and the output's bf16 rounding remain
+    assert_rel_close(out.float(), ref, 4e-3 if fp8_f16 else rel_tol(torch.bfloat16, device, uses_dot=True))
 
 
 def test_prefill_rejects_bad_inputs(device):
