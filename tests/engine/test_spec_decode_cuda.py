@@ -117,5 +117,5 @@ def test_fused_draft_proposals_replay_one_graph_and_draft_as_step_by_step(small_
         torch.cuda.empty_cache()
     assert runs["1"][0] == runs["0"][0]
     assert runs["1"][1] == runs["0"][1]
-    assert runs["1"][2] >= 10 and runs["0"][2] == 0
+    assert runs["1"][2] >= 6 and runs["0"][2] == 0  # ~5 proposals per group at full acceptance
     assert runs["1"][3] > 0  # the proposals' device time was measured
