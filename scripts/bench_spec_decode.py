@@ -384,10 +384,13 @@ def print_summary(body: dict) -> None:
     for row in body["results"]["batch1"] + body["results"]["throughput"]:
         runs = "  ".join(f"{r['policy']}/k{r['k']}/a{r['draft_token_probability']}: itl x{r['speedup_itl']:.2f} "
                          f"tput x{r['throughput_ratio']:.2f} spec {r['share_of_steps_speculating']:.0%} "
-                         f"{r['ms_per_step']:.2f} ms/step L {r['mean_acceptance_length']:.2f}"
+                         f"{r['ms_per_step']:.2f} ms/step (GPU {r['gpu_span_ms_per_step']:.2f}) "
+                         f"L {r['mean_acceptance_length']:.2f}"
                          f"/{r['expected_mean_acceptance_length']:.2f}"
                          for r in row["runs"])
+        off = row.get("off_step_cost", {})
         print(f"batch {row['batch']}: off itl {row['off_median_itl_ms']:.2f} ms {row['off_tokens_per_s']:.0f} tok/s"
+              f" (GPU {off.get('gpu_span_ms_per_step', 0.0):.2f} ms/step)"
               f"  {runs}")
 
 
