@@ -28,6 +28,13 @@ class SchedulerConfig:
     no cap (vLLM's defaults are 1, 1 and 0 with the caps used only above 1; unset here keeps this engine's
     unbounded concurrent prefills). Needs chunked prefill. With `scheduling_policy="fair"` the threshold also
     marks the running prefills that yield a step to another tenant's admission (core/scheduling/fair.py).
+
+    `over_share_prefill_tokens` (needs `scheduling_policy="fair"` and chunked prefill; 0: off): while two or
+    more tenants have requests, the prompts of more uncached tokens than this of the tenants served more than
+    the least-served one (a higher VTC counter) get at most this many prefill tokens per step in all, and
+    their running prefills yield to another tenant's admission as long ones do (core/share_cap.py). Set it
+    near the device's compute knee (the prompt tokens a step takes before its time grows: about 128 for
+    llama-3.1-8b on one H200) and above the light tenants' prompts.
     """
 
     max_num_seqs: int = 256
@@ -40,6 +47,7 @@ class SchedulerConfig:
     max_long_partial_prefills: int | None = None
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"  # fcfs | priority | fair (core/scheduling/; vLLM's --scheduling-policy)
+    over_share_prefill_tokens: int = 0  # fair only: per-step prefill tokens of tenants above the least-served
 
     def __post_init__(self) -> None:
         check_range("max_num_seqs", self.max_num_seqs, 1, 65536)
@@ -56,6 +64,10 @@ class SchedulerConfig:
             raise ValueError("max_num_partial_prefills and long_prefill_token_threshold need "
                              "enable_chunked_prefill=True")
         check_choice("scheduling_policy", self.scheduling_policy, {"fcfs", "priority", "fair"})
+        check_range("over_share_prefill_tokens", self.over_share_prefill_tokens, 0)
+        if self.over_share_prefill_tokens and (self.scheduling_policy != "fair" or not self.enable_chunked_prefill):
+            raise ValueError("over_share_prefill_tokens needs scheduling_policy='fair' and enable_chunked_prefill="
+                             f"True, got {self.scheduling_policy!r} and {self.enable_chunked_prefill}")
 
     @property
     def token_budget(self) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from shared_engine.core.prefill_caps import PartialPrefillCaps
 from shared_engine.core.request import Request, RequestStatus
 from shared_engine.core.scheduler_output import SchedulerOutput
+from shared_engine.core.share_cap import OverShareCap
 
 # Leave this fraction of the pool free when admitting new requests, so that admission does not
 # immediately force the preemption of running decodes (vLLM v0's watermark).
@@ -25,9 +26,15 @@ ADMISSION_WATERMARK = 0.01
 
 class Admission:
     """Mixin: needs the `Scheduler`'s `config`, `block_manager`, `waiting`, `running`, `policy`,
-    `max_loras`, `_chunk`, `_now`, `_watermark_blocks`, `_running_loras` and `_add`."""
+    `max_loras`, `_chunk`, `_now`, `_watermark_blocks`, `_running_loras`, `_add` and
+    `num_share_capped_total`."""
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int, scheduled_ids: set[str]) -> int:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, scheduled_ids: set[str],
+                       share: OverShareCap | None = None) -> int:
+        """Admit waiting requests into `out` within `budget` (returned, less what they took); `share`: this
+        step's over-share prefill cap (core/share_cap.py), whose tokens an over-share tenant's first chunk
+        takes (`OverShareCap.before_admitting`; a request that gets none waits, and so does one that would
+        share the step with the admission of a tenant served no more, `long_prefill_yields`)."""
         bm = self.block_manager
         caps = PartialPrefillCaps.for_step(self.config, self.running)
         free_seqs = self.config.max_num_seqs - len(self.running)
@@ -36,6 +43,7 @@ class Admission:
             self.waiting.clear()
             self.waiting.extend(ordered)
         deferred: list[Request] = []
+        admitted: list[Request] = []  # this step's, for the over-share cap's yield
         active = None if self.max_loras is None else self._running_loras()
         lora_blocked = False
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -59,10 +67,24 @@ class Admission:
                     break
                 num_new = budget
             num_new = self._chunk(num_new, budget)
+            capped = share is not None and share.applies(request, num_uncached)
+            if capped:  # core/share_cap.py: not with a less-served tenant's admission; within the cap
+                if admitted and self.policy.long_prefill_yields(request, admitted):
+                    deferred.append(self.waiting.popleft())  # it yields, as a running one would
+                    continue
+                num_new = share.before_admitting(request, num_new)
+                if not num_new:
+                    self.num_share_capped_total += 1
+                    deferred.append(self.waiting.popleft())  # a less-served tenant's request may still pass
+                    continue
             if self.running and not self._above_watermark(request, num_new, cached):
+                if capped:
+                    share.give_back(num_new)
                 break
             fits = bm.can_allocate if self.running else bm.can_allocate_unpinning  # idle: pins give way
             if not fits(request, num_new, cached_blocks=cached):
+                if capped:
+                    share.give_back(num_new)
                 break
             self.waiting.popleft()
             bm.allocate(request, num_new, cached_blocks=cached)
@@ -79,6 +101,8 @@ class Admission:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             caps.add(num_uncached)
+            if share is not None:
+                admitted.append(request)
             if active is not None and request.lora_name is not None:
                 active.add(request.lora_key)
             self._add(out, request, num_new, num_new == num_uncached, bm.block_tables[request.request_id],

@@ -21,7 +21,8 @@ admitted and the preemption victim. `fcfs` (the default) keeps the queue's order
 `priority` and `fair` (per-tenant virtual token counters) reorder the waiting queue before admission.
 A policy with `yields_long_prefills` (`fair`), given `long_prefill_token_threshold`, also decides after
 admission whether each running long prefill gets its chunk this step or yields to the requests just
-admitted (core/scheduling/fair.py).
+admitted (core/scheduling/fair.py); with `over_share_prefill_tokens` the large prompts of the tenants above
+the least-served one get at most that many prefill tokens per step in all (core/share_cap.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from shared_engine.core.output_update import OutputUpdate
 from shared_engine.core.prefill_caps import PartialPrefillCaps
 from shared_engine.core.request import Request, RequestStatus
 from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from shared_engine.core.share_cap import OverShareCap
 from shared_engine.core.scheduling import make_scheduling_policy
 
 _ARRIVAL_ORDER = operator.attrgetter("arrival_order")
@@ -68,6 +70,7 @@ class Scheduler(Admission, OutputUpdate):
         self.requests: dict[str, Request] = {}
         self.num_preemptions_total = 0
         self.num_prefill_yields_total = 0  # long prefills that sat a step out for an admission (policy's rule)
+        self.num_share_capped_total = 0  # large over-share prefills (running or waiting) kept out by the cap
         self._now: float | None = None
         self.prefix_cache_queries = 0  # tokens looked up in the prefix cache at admission
         self.prefix_cache_hits = 0  # of those, tokens served from it (host tier included)
@@ -115,13 +118,15 @@ class Scheduler(Admission, OutputUpdate):
         scheduled_ids: set[str] = set()
         block_tables, block_size = self.block_manager.block_tables, self.block_manager.block_size
         threshold = self.config.long_prefill_token_threshold if self.policy.yields_long_prefills else 0
-        long_prefills: list[tuple[Request, int, list[int]]] = []  # (request, chunk, blocks): may yield
+        share = OverShareCap.for_step(self.config.over_share_prefill_tokens, self.policy)  # None: no cap
+        long_prefills: list[tuple[Request, int, list[int], int]] = []  # (request, chunk, blocks, left): may yield
         for request, remaining in self._running_in_order():
             if budget == 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = self._chunk(remaining, budget)
+            capped = share is not None and remaining > 1 and share.applies_running(request)
             # More tokens than the held blocks have slots for? Most decode steps still fit in the last block.
             table = block_tables.get(request.request_id, ())
             num_drafts = 0
@@ -132,8 +137,10 @@ class Scheduler(Admission, OutputUpdate):
                 if not self._reserve(request, num_new, scheduled_ids, out):
                     continue
                 table = block_tables[request.request_id]
-            if threshold and remaining > threshold:  # its chunk and blocks are held; added after admission
-                long_prefills.append((request, num_new, table))  # unless it yields to what is admitted
+            if capped or (threshold and remaining > threshold):  # chunk and blocks held; added after admission
+                if capped:  # an over-share tenant's prefill: the cap's tokens are granted in VTC order
+                    share.hold(request, num_new)
+                long_prefills.append((request, num_new, table, remaining))  # unless it yields
                 scheduled_ids.add(request.request_id)  # not a preemption victim in this step
             else:
                 self._add(out, request, num_new, num_new == remaining + num_drafts, table, scheduled_ids, num_drafts)
@@ -142,28 +149,39 @@ class Scheduler(Admission, OutputUpdate):
             out.scheduled.sort(key=_step_order)
         admitted_from = len(out.scheduled)
         if not out.preempted_request_ids:
-            budget = self._admit_waiting(out, budget, scheduled_ids)
+            budget = self._admit_waiting(out, budget, scheduled_ids, share)
         if long_prefills:
             admitted = [item.request for item in out.scheduled[admitted_from:]]
-            budget = self._add_long_prefills(out, long_prefills, admitted, budget)
+            if share is not None:
+                share.grant_rest()
+            budget = self._add_long_prefills(out, long_prefills, admitted, budget, share)
         if self.max_loras is not None:
             out.running_loras = frozenset(self._running_loras())
         if self.block_manager.host is not None:
             out.kv_offloads, out.kv_restores = self.block_manager.take_copies()
         return out
 
-    def _add_long_prefills(self, out: SchedulerOutput, long_prefills: list[tuple[Request, int, list[int]]],
-                           admitted: list[Request], budget: int) -> int:
-        """The running long prefills whose chunks (and blocks) the first pass held back, for a policy with
-        `yields_long_prefills`: each is added to the step unless the policy makes it yield to the requests
-        `admitted` in it; a yielding one keeps its blocks for the next step and gives its chunk back to the
-        budget (left unused: the step stays short). Returns the budget; counts the yields."""
-        for request, num_new, table in long_prefills:
+    def _add_long_prefills(self, out: SchedulerOutput, long_prefills: list[tuple[Request, int, list[int], int]],
+                           admitted: list[Request], budget: int, share: OverShareCap | None = None) -> int:
+        """The running long prefills (and over-share prefills, core/share_cap.py) whose chunks and blocks the
+        first pass held back, for a policy with `yields_long_prefills`: each is added to the step unless the
+        policy makes it yield to the requests `admitted` in it; a yielding one keeps its blocks for the next
+        step and gives its chunk back to the budget (left unused: the step stays short). An over-share one
+        gets what `share` granted it (none: it sits the step out too). Returns the budget; counts the
+        yields and the capped-out chunks."""
+        for request, num_new, table, remaining in long_prefills:
             if admitted and self.policy.long_prefill_yields(request, admitted):
                 self.num_prefill_yields_total += 1
                 budget += num_new
                 continue
-            self._add(out, request, num_new, False, table, set())
+            if share is not None and share.applies_running(request):
+                granted = share.granted(request)
+                budget += num_new - granted
+                if not granted:
+                    self.num_share_capped_total += 1
+                    continue
+                num_new = granted
+            self._add(out, request, num_new, num_new == remaining, table, set())
         return budget
 
     def _running_loras(self) -> set:

@@ -29,6 +29,8 @@ def test_first_attempt_vs_fix():
     # the whales' documents are chunked, so the fair policy can make their chunks yield to a light admission
     fix_scheduler = fix_engine.scheduler
     assert fix_scheduler.long_prefill_token_threshold == 64 and fix_scheduler.max_long_partial_prefills == 1
+    # large prompts of tenants over their share get 64 prefill tokens a step in all; the ~38-token questions none
+    assert fix_scheduler.over_share_prefill_tokens == 64 and first_engine.scheduler.over_share_prefill_tokens == 0
     assert first_engine.scheduler.long_prefill_token_threshold == 0
     assert first_server.lora_modules == fix_server.lora_modules
     read = lambda name: yaml.safe_load(Path(CASE, name).read_text())
@@ -41,6 +43,7 @@ def test_h200_config_serves_30_adapters_of_the_briefs_ranks_in_slots():
     ranks = sorted({int(m.split("=")[1].split("/r")[1].split("-")[0]) for m in server.lora_modules})
     assert ranks == [8, 16, 64] and engine.lora.max_lora_rank == 64
     assert engine.scheduler.scheduling_policy == "fair" and engine.scheduler.long_prefill_token_threshold == 256
+    assert engine.scheduler.over_share_prefill_tokens == 128  # the whales' ~250-token documents are capped
 
 
 @pytest.mark.parametrize("path", ["config.yaml", "first_attempt/config.yaml"])

@@ -27,6 +27,12 @@ no more than the long request's tenant is let ahead (a lower or equal counter), 
 its prompt, so a stream of light requests cannot stall the long prompt for good: it waits while they are
 below its tenant's counter. Decodes never yield.
 
+Over-share prefill cap (with `over_share_prefill_tokens` set; core/share_cap.py): while two or more tenants
+have requests, the prompts larger than that cap of tenants whose counter is above the lowest get at most
+the cap of prefill tokens per step in all, and their running prefills (not only long ones) yield like long
+prefills do, so the step in flight when a light request arrives carries at most the cap of a heavy tenant's
+prompts and its first step usually none.
+
 Bound (VTC, Theorem 4.3): while two tenants are backlogged, their counters stay within
 2 * max(prefill_weight * max prompt tokens, decode_weight * max output tokens in the batch) of each other.
 """
@@ -117,6 +123,15 @@ class FairPolicy(SchedulingPolicy):
         counters = self.counters
         own = counters.get(request.tenant, 0.0)
         return any(r.tenant != request.tenant and counters.get(r.tenant, 0.0) <= own for r in admitted)
+
+    def share_floor(self) -> float | None:
+        """The lowest counter among the tenants with live requests; None with fewer than two (one pass over
+        them, once per step when `over_share_prefill_tokens` is set)."""
+        live = self._live
+        if len(live) < 2:
+            return None
+        counters = self.counters
+        return min(counters.get(t, 0.0) for t in live)
 
     def _prune(self) -> None:
         """Keep the `_MAX_DEPARTED` highest counters of tenants with no live request; drop the rest."""

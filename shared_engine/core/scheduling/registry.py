@@ -39,6 +39,11 @@ class SchedulingPolicy:
         only when `yields_long_prefills` and the threshold is set."""
         return False
 
+    def share_floor(self) -> float | None:
+        """The lowest service counter among the tenants with requests in the scheduler, or None (no counters,
+        or fewer than two such tenants): the floor of `over_share_prefill_tokens` (core/share_cap.py)."""
+        return None
+
     def preemption_key(self, request: Request):
         """Sort key over running requests; the largest is preempted first."""
         return request.arrival_order

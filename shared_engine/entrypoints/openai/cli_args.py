@@ -77,6 +77,10 @@ _HELP = {
     "admits another tenant's request whose counter is not above its own (core/scheduling/fair.py)",
     "scheduling_policy": "order of admission of waiting requests: fcfs (arrival), priority (the request's "
     "priority, lower first) or fair (per-tenant virtual token counters, VTC; the request's tenant field)",
+    "over_share_prefill_tokens": "with --scheduling-policy fair: while two or more tenants have requests, "
+    "prompts of more uncached tokens than this from tenants served more than the least-served one get at most "
+    "this many prefill tokens per step in all, and sit out a step that admits a less-served tenant's request "
+    "(0: off; core/share_cap.py)",
     "session_pin_ttl": "seconds a finished turn's cached prefix stays pinned (not evictable) while its session "
     "(X-Session-Id) may send the next turn (Continuum's KV time-to-live; 0: off)",
     "max_pinned_blocks": "most KV block references held by session pins, oldest released first (default: half "
