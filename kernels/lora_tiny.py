@@ -1,7 +1,12 @@
 """LoRA shrink + expand in ONE launch for steps of a few tokens (batch-1 decodes), without SGMV's tiles.
 
-OFF by default (`TINY_MAX_TOKENS` 0, env LORA_TINY_MAX_TOKENS): an A/B candidate for the batch-1 ITL
-overhead (issue 18), not measured on a GPU yet. Why another kernel: at batch 1 on the H200 the two SGMV
+ON by default for steps of at most 8 tokens, as two launches (`TINY_MAX_TOKENS` 8, `TWO_LAUNCHES`; env
+LORA_TINY_MAX_TOKENS=0 turns it off, LORA_TINY_TWO_LAUNCHES=0 selects the one-launch counter mode). Measured
+on the H200 at 9a99c62 (llama-3.1-8b dummy, one rank-16 q/k/v/o adapter, batch-1 ITL, one engine process
+each, benchmarks/results/lora_itl_*_9a99c62.json): SGMV 5.218 ms (+10.5% over the LoRA engine on the base
+model), one launch 5.186 ms (+9.6%), two launches 5.117 ms (+8.25%); in the full bench run with the two
+launches (lora_h200_llama8b_9a99c62.json) base 4.726 ms, LoRA 5.116 ms (+8.25%), 30 rank-16 adapters 99.7%
+and mixed ranks 94.2% of the base's throughput. Why another kernel: at batch 1 on the H200 the two SGMV
 launches per projection (kernels/lora_sgmv.py) cost ~3.8 + 4.7 us each plus the gap between two dependent
 launches (benchmarks/results/profile_lora_step_h200_c518670.json), and both are latency-bound chains of
 dependent loads (tile -> slot -> rank / start -> token -> x, A). The one-launch `sgmv_fused` was slower
@@ -46,13 +51,13 @@ import triton.language as tl
 
 from kernels._checks import FLOAT_DTYPES, check_same_device, check_tensor
 
-# steps of at most this many tokens take `lora_tiny` in the model's LoRA layer (0: never, the default;
-# LORA_TINY_MAX_TOKENS sets it for A/B runs on a GPU)
-TINY_MAX_TOKENS = int(os.environ.get("LORA_TINY_MAX_TOKENS", "0"))
+# steps of at most this many tokens take `lora_tiny` in the model's LoRA layer (0: never; LORA_TINY_MAX_TOKENS
+# sets it for A/B runs on a GPU)
+TINY_MAX_TOKENS = int(os.environ.get("LORA_TINY_MAX_TOKENS", "8"))
 # "1": always hand roles out by atomic ticket; "0": never; unset: when the grid exceeds the SM count
 _TICKET_ENV = os.environ.get("LORA_TINY_TICKET")
 # "1": two launches (the shrink programs, then the expand programs: stream order instead of the counter)
-TWO_LAUNCHES = os.environ.get("LORA_TINY_TWO_LAUNCHES", "0") == "1"
+TWO_LAUNCHES = os.environ.get("LORA_TINY_TWO_LAUNCHES", "1") == "1"  # faster at 9a99c62 (docstring)
 MAX_SLICES = 3  # q, k, v
 _BLOCK_R = 16  # rank rows per step (the first step is read without waiting for the rank)
 _BLOCK_N = 128  # output columns per expand program

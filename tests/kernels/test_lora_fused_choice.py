@@ -10,6 +10,7 @@ import torch
 
 def test_layer_takes_fused_kernel_up_to_threshold(device, monkeypatch):
     import kernels.lora_sgmv_fused as sgmv
+    import kernels.lora_tiny as tiny
     from shared_engine.model_executor.layers.lora import LoRAContext, LoRAProjection
 
     g = torch.Generator().manual_seed(11)
@@ -21,6 +22,7 @@ def test_layer_takes_fused_kernel_up_to_threshold(device, monkeypatch):
             if (slot, i) != (2, 1):
                 layer.write_slot(slot, i, torch.randn(rank, 24, generator=g).to(dev),
                                  torch.randn(size, rank, generator=g).to(dev))
+    monkeypatch.setattr(tiny, "TINY_MAX_TOKENS", 0)  # lora_tiny (default for <= 8 tokens) takes precedence
     calls = []
     fused = sgmv.sgmv_fused
     monkeypatch.setattr(sgmv, "sgmv_fused", lambda *a, **k: calls.append(a[1].shape[0]) or fused(*a, **k))

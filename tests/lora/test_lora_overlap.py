@@ -46,6 +46,9 @@ def test_apply_equals_forward_on_cpu():
 @pytest.mark.parametrize("overlap", [True, False])
 def test_captured_fork_replays_eager_torch_path(overlap, monkeypatch):
     monkeypatch.setattr(lora_mod, "OVERLAP", overlap)
+    import kernels.lora_tiny as tiny
+
+    monkeypatch.setattr(tiny, "TINY_MAX_TOKENS", 0)  # steps of <= 8 tokens would take lora_tiny, never forked
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(7)
     ctx, layer = _layer(dev, g)

@@ -20,8 +20,8 @@ layer's `slot_ranks` (0 for a module the slot's adapter does not target):
   tokens (64 in large eager steps); each tile reads its adapter's A and B once, and one launch covers every
   slice of a fused projection (q, k, v; gate, up); steps of at most FUSED_MAX_TOKENS tokens (batch-1
   decodes) run shrink and expand as one launch (`sgmv_fused`), steps of at most TINY_MAX_TOKENS tokens
-  (kernels/lora_tiny.py, LORA_TINY_MAX_TOKENS; off by default, an A/B candidate) one launch without tiles
-  (each program reads its token's slot; split-K shrinks and the expands meet at a device counter);
+  (kernels/lora_tiny.py, LORA_TINY_MAX_TOKENS, default 8: the served path of batch-1 decodes) without tiles
+  (each program reads its token's slot; split-K shrinks, then the expands, two launches by default);
 - `bgmv` (`lora_kernel="bgmv"`, kernels/lora_bgmv.py): each token reads its own slot's A and B.
 Inside CUDA graph captures the model calls `LoRAProjection.apply(x, base_gemm)`, which forks each SGMV shrink
 onto a side stream beside the base GEMM (both read only `x`) and joins before the expand (LORA_OVERLAP=0: no
