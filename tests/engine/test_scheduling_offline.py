@@ -34,3 +34,31 @@ def test_priority_and_tenant_reach_the_scheduler(tiny_model_dir):
     with pytest.raises(ValueError, match="tenant must be"):
         llm.generate(prompts[:2], params, use_tqdm=False, tenant=["a", ""])
     assert not llm.engine.has_unfinished_requests()  # a bad value in any prompt queues none of them
+
+
+def test_over_share_cap_in_the_engine(tiny_model_dir):
+    """`over_share_prefill_tokens` through the offline API (tiny dummy-weight model): a heavy tenant's four
+    200-token prompts beside a light tenant's decoding requests never put more than the cap of their prompt
+    tokens in one step, and every request finishes with its tokens; without the cap all four go in one step."""
+    def run(cap):
+        llm = LLM(str(tiny_model_dir), load_format="dummy", device="cpu", num_gpu_blocks_override=256,
+                  scheduling_policy="fair", over_share_prefill_tokens=cap, max_num_batched_tokens=1024)
+        llm.engine.scheduler.policy.counters["heavy"] = 1000.0  # served more than the light tenant
+        heavy_per_step = []
+        schedule = llm.engine.scheduler.schedule
+
+        def spy(*args, **kwargs):
+            out = schedule(*args, **kwargs)
+            heavy_per_step.append(sum(len(s.token_ids) for s in out.scheduled
+                                      if s.request.tenant == "heavy" and s.start_position < 200))
+            return out
+
+        llm.engine.scheduler.schedule = spy
+        prompts = [[3 + i % 5] * 8 for i in range(2)] + [[10 + i] * 200 for i in range(4)]
+        params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in [40, 40, 4, 4, 4, 4]]  # light stays live
+        outputs = llm.generate(prompts, params, use_tqdm=False, tenant=["light", "light"] + ["heavy"] * 4)
+        assert [len(o.outputs[0].token_ids) for o in outputs] == [40, 40, 4, 4, 4, 4]
+        return heavy_per_step
+
+    assert max(run(64)) <= 64
+    assert max(run(0)) == 800
