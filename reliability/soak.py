@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=600.0,
                    help="load before the measured --duration-s (not in the windows or the memory slope): the "
                         "RAG workload's finite question pool fills the prefix cache in the first ~7 minutes "
-                        "(hit rate ~50% -> ~99%), TTFT 10-30x the steady state meanwhile (results entries "
-                        "soak_quiet and soak_ramped, 2026-12-02)")
+                        "(hit rate ~50% -> ~99%), TTFT 10-30x the steady state meanwhile (results entry "
+                        "soak_quiet, 2026-12-02; a start ramped over 120 s, stopped after 12 minutes, the same)")
     p.add_argument("--ramp-s", type=float, default=120.0,
                    help="start the users evenly over this many seconds (locust -r users/ramp); 4 (-r 2 for 8 "
                         "users, the earlier soaks) starts them as one burst, whose queue on the 2-core CPU "
