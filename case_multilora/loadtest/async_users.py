@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import random
 import time
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ class LoadShape:
     zipf_s: float = 1.1
     ignore_eos: bool = False
     seed: int = 0
+    whale_process: bool = False  # the whales' users in a process (and event loop) of their own
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0 or self.well_behaved_users < 0 or self.whale_users < 0 or self.pacing_s <= 0:
@@ -55,9 +57,9 @@ class LoadShape:
 
 
 class _Run:
-    def __init__(self, client: httpx.AsyncClient, shape: LoadShape, out) -> None:
+    def __init__(self, client: httpx.AsyncClient, shape: LoadShape, out, started: float | None = None) -> None:
         self.client, self.shape, self.out = client, shape, out
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started  # CLOCK_MONOTONIC: one per machine
         self.deadline = self.started + shape.duration_s
 
     def write(self, sample: dict) -> None:
@@ -130,22 +132,50 @@ class _Run:
 async def run(host: str, tenants: dict, shape: LoadShape, samples: Path) -> int:
     """Run the users against `host` (the gateway) for `shape.duration_s`; append one JSON line per request to
     `samples`. `tenants`: {"well_behaved": [{"name", "key"}, ...] in popularity order, "whales": [{"name",
-    "key", "quota_per_minute"}, ...]} (run_loadtest.tenants_files writes it). Returns the lines written."""
+    "key", "quota_per_minute"}, ...]} (run_loadtest.tenants_files writes it). Returns the lines written.
+    `shape.whale_process`: the whales' users run in a child process with its own event loop and client (as
+    other customers' clients would), so that parsing their streams (8 x 256 tokens at a time in the H200
+    profile) does not delay this loop's well-behaved first-token timestamps; their lines are appended after."""
+    started = time.monotonic()
+    child = None
+    if shape.whale_process and tenants["whales"] and shape.whale_users:
+        whale_samples = samples.with_name(samples.name + ".whales")
+        whale_samples.unlink(missing_ok=True)
+        child = multiprocessing.get_context("spawn").Process(
+            target=_whales_main, args=(host, tenants, shape, str(whale_samples), started))
+        child.start()
+    await _users(host, tenants, shape, samples, started, well_behaved=True, whales=child is None)
+    if child is not None:
+        child.join(timeout=120)
+        if child.is_alive():
+            child.kill()
+        if whale_samples.exists():
+            with open(samples, "a") as out:
+                out.write(whale_samples.read_text())
+            whale_samples.unlink()
+    return sum(1 for _ in open(samples))
+
+
+def _whales_main(host: str, tenants: dict, shape: LoadShape, samples: str, started: float) -> None:
+    asyncio.run(_users(host, tenants, shape, Path(samples), started, well_behaved=False, whales=True))
+
+
+async def _users(host: str, tenants: dict, shape: LoadShape, samples: Path, started: float, well_behaved: bool,
+                 whales: bool) -> None:
     users = shape.well_behaved_users + len(tenants["whales"]) * shape.whale_users
     limits = httpx.Limits(max_connections=users + 8, max_keepalive_connections=users + 8)
     timeout = httpx.Timeout(shape.duration_s + 60, connect=30)
     with open(samples, "a") as out:
         async with httpx.AsyncClient(base_url=host, limits=limits, timeout=timeout) as client:
-            state = _Run(client, shape, out)
+            state = _Run(client, shape, out, started)
             tasks = [asyncio.create_task(state.well_behaved(i, tenants["well_behaved"]))
-                     for i in range(shape.well_behaved_users)]
+                     for i in range(shape.well_behaved_users if well_behaved else 0)]
             tasks += [asyncio.create_task(state.whale(w * shape.whale_users + i, whale))
-                      for w, whale in enumerate(tenants["whales"]) for i in range(shape.whale_users)]
+                      for w, whale in enumerate(tenants["whales"] if whales else []) for i in range(shape.whale_users)]
             await asyncio.sleep(max(0.0, state.deadline - time.monotonic()))
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-    return sum(1 for _ in open(samples))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,9 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--whale-max-tokens", type=int, default=32)
     p.add_argument("--burst-period-s", type=float, default=30.0)
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--whale-process", action="store_true", help="the whales' users in a process of their own")
     args = p.parse_args(argv)
     shape = LoadShape(args.duration_s, args.well_behaved_users, args.whale_users, args.pacing_s, args.max_tokens,
-                      args.whale_max_tokens, args.burst_period_s, ignore_eos=args.ignore_eos)
+                      args.whale_max_tokens, args.burst_period_s, ignore_eos=args.ignore_eos,
+                      whale_process=args.whale_process)
     print(asyncio.run(run(args.host, json.loads(args.tenants.read_text()), shape, args.samples)), "samples")
     return 0
 

@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--whale-max-tokens", type=int, default=256)
     p.add_argument("--quota", type=int, default=120, help="whales' requests per minute (they send 10x)")
     p.add_argument("--burst-period-s", type=float, default=20.0)
+    p.add_argument("--whale-process", action="store_true",
+                   help="the whales' users in a process (event loop, HTTP client) of their own: their streams do "
+                   "not delay the well-behaved users' first-token timestamps (async_users.run)")
     p.add_argument("--out-dir", type=Path, default=CASE_DIR)
     p.add_argument("--work-dir", type=Path, default=None, help="engine/gateway logs, samples (default: a temp dir)")
     args = p.parse_args(argv)
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                "pacing_s": args.pacing_s, "max_tokens": args.max_tokens, "whale_max_tokens": args.whale_max_tokens,
                "quota": args.quota}
     shape = LoadShape(args.phase_s, args.well_behaved_users, args.whale_users, args.pacing_s, args.max_tokens,
-                      args.whale_max_tokens, args.burst_period_s, ignore_eos=True)
+                      args.whale_max_tokens, args.burst_period_s, ignore_eos=True, whale_process=args.whale_process)
     alone = LoadShape(**{**shape.__dict__, "whale_users": 0})
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="multilora-h200q-"))
     for name in ("fix", "first", "warmup"):

@@ -1,5 +1,6 @@
 """The pieces of the six-minute H200 run (loadtest/h200_quick.sh) that run on the CPU: the asyncio users against
-the gateway and the fake engine (both kinds send, the whale over its quota gets 429s, Zipf order), requests
+the gateway and the fake engine (both kinds send, the whale over its quota gets 429s, Zipf order; the whales in
+the same process or their own), requests
 still open at the deadline written as incomplete with their wait (and counted in the censored p99), the widened
 tokenizer (every id decodes to text, encoding unchanged), and the engine configs the run builds."""
 
@@ -24,7 +25,8 @@ from tests.server.uvicorn_thread import serve_in_thread
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_async_users_write_samples_and_whales_hit_their_quota(fake_engine, tmp_path):
+@pytest.mark.parametrize("whale_process", [False, True])
+def test_async_users_write_samples_and_whales_hit_their_quota(fake_engine, tmp_path, whale_process):
     _, engine_url = fake_engine
     names = ["t1", "t2", "t3", "w1"]
     registry = TenantRegistry([Tenant(n, key_digest(f"k-{n}"), "upper", request_limit="6/minute")
@@ -32,7 +34,8 @@ def test_async_users_write_samples_and_whales_hit_their_quota(fake_engine, tmp_p
     spec = {"well_behaved": [{"name": n, "key": f"k-{n}", "quota_per_minute": 6} for n in names[:3]],
             "whales": [{"name": "w1", "key": "k-w1", "quota_per_minute": 60}]}  # sends 10/s; the gateway allows 6/min
     samples = tmp_path / "samples.jsonl"
-    shape = LoadShape(duration_s=3.0, well_behaved_users=3, whale_users=2, pacing_s=0.05, burst_period_s=60.0)
+    shape = LoadShape(duration_s=3.0, well_behaved_users=3, whale_users=2, pacing_s=0.05, burst_period_s=60.0,
+                      whale_process=whale_process)  # True: the whales' users in a child process, lines appended
     with serve_in_thread(create_app(GatewaySettings(engine_url=engine_url), registry)) as url:
         written = asyncio.run(run(url, spec, shape, samples))
     rows = [json.loads(line) for line in samples.read_text().splitlines()]
@@ -44,6 +47,8 @@ def test_async_users_write_samples_and_whales_hit_their_quota(fake_engine, tmp_p
     assert all(r["status"] in (200, "incomplete") for r in rows if r["kind"] == "well-behaved")
     per_tenant = collections.Counter(r["tenant"] for r in done)
     assert per_tenant["t1"] > per_tenant["t3"], per_tenant
+    assert all(0 <= r["t_s"] <= 3.1 for r in rows)  # one clock for both processes
+    assert not (tmp_path / "samples.jsonl.whales").exists()
 
 
 def test_requests_open_at_the_deadline_are_written_incomplete(tmp_path):
