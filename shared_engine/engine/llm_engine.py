@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 
 from shared_engine.config import EngineConfig
 from shared_engine.core.request import Request, RequestStatus
@@ -84,7 +85,11 @@ class LLMEngine:
             raise ValueError("benchmark_forced_acceptance needs a speculative_config (method 'replay')")
         if config.parallel.tensor_parallel_size > 1:
             raise ValueError("benchmark_forced_acceptance is not supported with tensor_parallel_size > 1")
-        self.runner.rejection_sampler.forced = ForcedAcceptance(lambda: self.spec.proposer)
+        # a weak reference: `lambda: self.spec.proposer` made engine -> runner -> sampler -> engine a cycle, so a
+        # dropped engine kept its weights and KV cache on the device until the garbage collector ran (the
+        # next engine in the process then profiled that memory as used: 0 KV blocks, H200 9a99c62)
+        engine = weakref.ref(self)
+        self.runner.rejection_sampler.forced = ForcedAcceptance(lambda: engine().spec.proposer)
         logger.warning("BENCHMARK ONLY: forced acceptance -- the replay proposer decides which drafts verification "
                        "accepts; outputs are its recorded continuations, not the model's")
 
