@@ -41,6 +41,22 @@ from benchmarks.env_info import environment  # noqa: E402
 from scripts.make_adapters import random_adapters  # noqa: E402
 
 
+def lora_engine_config(args) -> dict:
+    """The LoRA engine's settings beside the common ones (both the full bench and --itl-only)."""
+    return dict(enable_lora=True, max_loras=args.max_loras, max_lora_rank=64, max_cpu_loras=64,
+                lora_kernel=args.lora_kernel, lora_slot_stream=args.lora_slot_stream)
+
+
+def release_device_memory() -> None:
+    """After the caller's `del llm`: collect the dropped engine and return its cached device memory, so
+    the next engine's KV cache profiling sees it free."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def timed_generate(llm, prompts, params, loras=None) -> float:
     started = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
@@ -136,8 +152,6 @@ def main() -> None:
         itl_only(args)
         return
 
-    import torch
-
     from shared_engine import LLM, LoRARequest, SamplingParams
 
     rng = random.Random(0)
@@ -168,12 +182,9 @@ def main() -> None:
     results["runner"] = {"base": runner_stats(llm)}
     save()
     del llm
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release_device_memory()
 
-    lora_cfg = dict(enable_lora=True, max_loras=args.max_loras, max_lora_rank=64, max_cpu_loras=64,
-                    lora_kernel=args.lora_kernel, lora_slot_stream=args.lora_slot_stream)
+    lora_cfg = lora_engine_config(args)
     llm = LLM(args.model, **common, **lora_cfg)
     results["engine_config"] = {**common, **lora_cfg}
     ids = iter(range(1, 1000))
@@ -222,8 +233,6 @@ def itl_only(args) -> None:
     and on the base model; written to --out."""
     import os
 
-    import torch
-
     from shared_engine import LLM, LoRARequest, SamplingParams
 
     rng = random.Random(0)
@@ -247,11 +256,8 @@ def itl_only(args) -> None:
         results["itl_ms"]["base"] = round(itl_ms(llm, prompt, args.itl_tokens), 3)
         save()
         del llm
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    lora_cfg = dict(enable_lora=True, max_loras=args.max_loras, max_lora_rank=64, max_cpu_loras=64,
-                    lora_kernel=args.lora_kernel, lora_slot_stream=args.lora_slot_stream)
+        release_device_memory()
+    lora_cfg = lora_engine_config(args)
     llm = LLM(args.model, **common, **lora_cfg)
     results["engine_config"] = {**common, **lora_cfg}
     lora = LoRARequest("r16-0", 1, str(path))
