@@ -136,14 +136,19 @@ async def run(host: str, tenants: dict, shape: LoadShape, samples: Path) -> int:
     `shape.whale_process`: the whales' users run in a child process with its own event loop and client (as
     other customers' clients would), so that parsing their streams (8 x 256 tokens at a time in the H200
     profile) does not delay this loop's well-behaved first-token timestamps; their lines are appended after."""
-    started = time.monotonic()
     child = None
     if shape.whale_process and tenants["whales"] and shape.whale_users:
         whale_samples = samples.with_name(samples.name + ".whales")
         whale_samples.unlink(missing_ok=True)
-        child = multiprocessing.get_context("spawn").Process(
-            target=_whales_main, args=(host, tenants, shape, str(whale_samples), started))
+        context = multiprocessing.get_context("spawn")
+        ready, go = context.Queue(), context.Queue()
+        child = context.Process(target=_whales_main, args=(host, tenants, shape, str(whale_samples), ready, go))
         child.start()
+        ready.get(timeout=120)  # its imports done: a spawned child on a loaded machine takes seconds to start
+        started = time.monotonic()  # CLOCK_MONOTONIC: one clock for both processes
+        go.put(started)
+    else:
+        started = time.monotonic()
     await _users(host, tenants, shape, samples, started, well_behaved=True, whales=child is None)
     if child is not None:
         child.join(timeout=120)
@@ -156,7 +161,10 @@ async def run(host: str, tenants: dict, shape: LoadShape, samples: Path) -> int:
     return sum(1 for _ in open(samples))
 
 
-def _whales_main(host: str, tenants: dict, shape: LoadShape, samples: str, started: float) -> None:
+def _whales_main(host: str, tenants: dict, shape: LoadShape, samples: str, ready, go) -> None:
+    """The child's entry: say it is up, wait for the phase's start time, run the whales' users until its end."""
+    ready.put(True)
+    started = go.get(timeout=120)
     asyncio.run(_users(host, tenants, shape, Path(samples), started, well_behaved=False, whales=True))
 
 
