@@ -4,31 +4,40 @@ Expected tokens from k drafts when each is accepted with probability a (independ
 first rejection; Leviathan et al. 2023, eq. 1): E(k) = (1 - a^(k+1)) / (1 - a), counting the bonus or
 recovered token. A request's a is its running acceptance rate (accepted / drafted, with a prior of 0.5 worth
 `_PRIOR_DRAFTS` drafts). The step's cost is the engine's measured step time as a function of the step's shape,
-t = c0 + c1 * T + c2 * [the step verifies drafts], fitted by least squares to the last `_WINDOW` steps: T the
-tokens in the step (on a GPU decode steps are memory-bound, c1 small against c0; on the CPU they are not), c2
-what a speculative step costs beyond its tokens (the proposer, and the host work that async scheduling no
-longer hides, since a step with drafts is resolved before the next is scheduled). The choice maximises
-sum_r E_r(k_r) / t(T0 + sum_r k_r) (T0: one token per decode), a ratio solved by Dinkelbach's iteration: at
-throughput x each request independently takes the k_r that maximises E_r(k_r) - x * c1 * k_r, then x is
+t = c0 + c1 * T + c2 * [the step verifies drafts] + c3 * D, fitted by least squares to the last `_WINDOW`
+steps: T the step's tokens other than drafts (on a GPU decode steps are memory-bound, c1 small against c0; on
+the CPU they are not), D its draft tokens, c3 what one draft token costs to verify (its token included), c2
+what a speculative step costs beyond its drafts (the proposer, and the host work that async scheduling no
+longer hides, since a step with drafts is resolved before the next is scheduled). c2 and c3 are told apart
+only when the window's speculative steps drafted at least two different D; until then the whole extra cost is
+put on c3 (per draft token), which overprices small drafts rather than underpricing large ones. The choice
+maximises sum_r E_r(k_r) / t (T0: one token per decode), a ratio solved by Dinkelbach's iteration: at
+throughput x each request independently takes the k_r that maximises E_r(k_r) - x * c3 * k_r, then x is
 recomputed (with c2 once any k_r > 0); the plain step is kept unless that beats it. A draft is worth its cost
 only when its chance of being accepted beats the step time it adds per token of throughput, so at large
 batches (x large) or low acceptance every k_r is 0 and the step is plain decoding, and speculation comes back
 when the batch shrinks or a request's rate recovers.
 
-What exploring costs is bounded (issue 17; measured on the H200 at c518670, llama-3.1-8b dummy, 1000-token
-prompts, forced acceptance 0.8, benchmarks/results/spec_decode_h200_replay_c518670.json): a speculative step
-there cost 2.7x a plain one at batch 64, 4.6x at 256 and 4.0x at 448 (k = 3), so the 16 steps every request
-used to speculate on before the fit existed (14-15% of a 128-token run's steps) lost 6-25% of throughput on
-their own, and their uneven progress left a tail of small steps. Now a step drafting while c2 is unknown (no
-fit yet, or none of the window's steps drafted) is a probe, allowed only while the probes' steps so far take at
-most `_PROBE_SHARE` (1%) of all observed step time, the first free: one probe before the fit (all requests at
-k; it gives the fit its speculative shape, so c2), plain steps after it until the fit exists, and once the
-window has lost its last speculative step, the next probe when the budget allows (one step per 256 at batch
-448 would have cost 1.2-1.6% there). After a decision with no drafts, `max_drafts` asks whether any k could pay
-at this batch with the requests at the rates the last decision saw (rates change only by speculating; a new
-request has the prior), from the fit alone: a step it declines is not resolved early, so async scheduling
-overlaps it as with speculation unconfigured (no periodic re-check, no early resolve when the batch merely
-shrinks).
+What exploring costs is bounded (issue 17; measured on the H200 at 9a99c62, llama-3.1-8b dummy, 1000-token
+prompts, forced acceptance 0.8, benchmarks/results/spec_decode_h200_replay_9a99c62.json): a step with every
+request at k = 3 cost 2.6x a plain one at batch 64, 4.2x at 256 and 3.9x at 448 (k = 5: 2.5x / 3.9x / 3.6x),
+its extra cost growing with the drafting requests (about 0.2 ms each at 256 and 448) where a fixed c2 priced it
+as at batch 1 (1.3 ms). At 9a99c62 the probe (a step drafting while c2 is unknown) gave every request k, and
+throughput with the policy on was 0.94-1.01x of speculation off (4 of 6 below 0.98x). Now:
+- a probe drafts for at most `_PROBE_REQUESTS` (8) requests, those with the highest rates (at batch 448 with
+  k = 3 that step costs about 1.1x a plain one, not 3.9x), allowed only while the probes' steps so far take at
+  most `_PROBE_SHARE` (1%) of all observed step time (the first free; the next once the window has lost its
+  last speculative step);
+- after a probe or a decision, the requests that draft may at most double per step (at least
+  `_PROBE_REQUESTS`), so a mis-fit never makes the whole batch speculative at once, and each wider step gives
+  the fit another D (so c2 and c3 apart);
+- the per-draft-token term c3 prices a large batch's drafts at what they cost.
+With step costs shaped like 9a99c62's, a 1000-token run at batch 64 / 256 / 448 then simulates at >= 0.98x of
+speculation off (tests/engine/test_spec_policy_h200_costs.py). After a decision with no drafts, `max_drafts`
+asks whether any k could pay at this batch with the requests at the rates the last decision saw (rates change
+only by speculating; a new request has the prior), from the fit alone: a step it declines is not resolved
+early, so async scheduling overlaps it as with speculation unconfigured (no periodic re-check, no early resolve
+when the batch merely shrinks).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ _PRIOR_DRAFTS = 4
 _PRIOR_RATE = 0.5
 _ITERATIONS = 4
 _PROBE_SHARE = 0.01  # of observed step time, the most that probes (steps drafting with c2 unknown) may take
+_PROBE_REQUESTS = 8  # the most requests a probe drafts for, and the least that widening allows
 
 
 def expected_tokens(rate: float, k: int) -> float:
@@ -57,23 +67,32 @@ def acceptance_rate(request) -> float:
             / (request.num_draft_tokens_total + _PRIOR_DRAFTS))
 
 
+Fit = tuple[float, float, float, float]  # (c0 s, c1 s per non-draft token, c2 s per speculative step, c3 s/draft)
+
+
 class AutoPolicy:
     def __init__(self, config) -> None:
         self.k = config.num_speculative_tokens
-        self._steps: deque[tuple[int, bool, float]] = deque(maxlen=_WINDOW)  # (tokens, speculative, seconds)
+        self._steps: deque[tuple[int, int, float]] = deque(maxlen=_WINDOW)  # (tokens, draft tokens, seconds)
         self._num_speculative = 0  # steps with drafts in `_steps`
-        self._fit: tuple[float, float, float] | None = None
+        self._fit: Fit | None = None
         self._dirty = False
         self._last_drafted = True  # the last `num_drafts` gave some request a draft
+        self._width = 0  # requests the last `num_drafts` gave drafts to (the next may give at most twice as many)
         self._last_rates: list[tuple[float, int]] = []  # the last `num_drafts`'s rates, highest first, counted
         self._seconds = 0.0  # every observed step's
         self._probe_seconds = 0.0  # the probe steps' (all of each: what they cost is at most that)
         self._probe_pending = 0  # observations left in which a probe's step can still arrive
 
-    def observe_step(self, num_tokens: int, speculative: bool, seconds: float) -> None:
+    def observe_step(self, num_tokens: int, speculative: bool, seconds: float,
+                     num_draft_tokens: int | None = None) -> None:
+        """A step's `num_tokens` (drafts included), whether it verified drafts, its seconds, and its draft
+        tokens (None: unknown, taken as 1 per speculative step, so c3 then acts as a per-step cost)."""
+        drafts = (1 if speculative else 0) if num_draft_tokens is None else num_draft_tokens
+        speculative = drafts > 0
         if len(self._steps) == self._steps.maxlen:
-            self._num_speculative -= self._steps[0][1]
-        self._steps.append((num_tokens, speculative, seconds))
+            self._num_speculative -= self._steps[0][1] > 0
+        self._steps.append((num_tokens, drafts, seconds))
         self._num_speculative += speculative
         self._dirty = True
         self._seconds += seconds
@@ -81,17 +100,17 @@ class AutoPolicy:
             self._probe_pending = 0 if speculative else self._probe_pending - 1
             self._probe_seconds += seconds if speculative else 0.0
 
-    def step_time(self) -> tuple[float, float, float] | None:
-        """(c0 seconds, c1 seconds per token, c2 seconds per speculative step), or None before enough
-        varied steps."""
+    def step_time(self) -> Fit | None:
+        """(c0 seconds, c1 seconds per non-draft token, c2 seconds per speculative step, c3 seconds per draft
+        token), or None before enough varied steps; c2 = c3 = 0 while no step in the window drafted."""
         if self._dirty and len(self._steps) >= _MIN_STEPS:
             self._dirty = False
-            self._fit = _least_squares(self._steps) or self._fit  # one token count alone fits nothing new
+            self._fit = _least_squares(self._steps, self._fit) or self._fit
         return self._fit
 
     def _probing(self, fit) -> bool:
         """Whether a step with drafts now would be a probe: no fit yet, or none of the window's steps drafted
-        (so c2 is unknown)."""
+        (so c2 and c3 are unknown)."""
         return fit is None or self._num_speculative == 0
 
     def _may_probe(self) -> bool:
@@ -99,20 +118,22 @@ class AutoPolicy:
         (the first is free), and none is in flight."""
         return not self._probe_pending and self._probe_seconds <= _PROBE_SHARE * self._seconds
 
+    def _cap(self, probing: bool) -> int:
+        """The most requests the next step may give drafts to: `_PROBE_REQUESTS` for a probe, else twice the
+        last decision's (at least `_PROBE_REQUESTS`)."""
+        return _PROBE_REQUESTS if probing else max(_PROBE_REQUESTS, 2 * self._width)
+
     def max_drafts(self, num_running: int) -> int:
         """Whether the next step may speculate, before its requests' tokens are resolved (the async stepper
         resolves the step in flight first only when this is > 0): 0 while c2 is unknown and the probe budget
-        spent; k for the first probe; after a decision with drafts, k; else k only if `num_running` requests
+        spent; k for a probe; after a decision with drafts, k; else k only if `num_running` requests
         at the highest of the rates the last decision saw (the prior's for any beyond them) would speculate:
         rates change only by speculating, so this bounds what `num_drafts` can choose, in
         O(distinct rates * k)."""
         fit = self.step_time()
         if self._probing(fit):
-            if not self._may_probe():
-                return 0
-            if fit is None:
-                return self.k
-        elif self._last_drafted:
+            return self.k if self._may_probe() else 0
+        if self._last_drafted:
             return self.k
         groups, left = [], num_running
         for rate, count in self._last_rates:
@@ -123,7 +144,8 @@ class AutoPolicy:
         if left > 0:
             groups.append((_PRIOR_RATE, left))
         tables = [[expected_tokens(rate, k) for k in range(self.k + 1)] for rate, _ in groups]
-        return self.k if any(_choose(fit, tables, [n for _, n in groups], num_running)) else 0
+        ks, _ = _choose(fit, tables, [n for _, n in groups], num_running, self._cap(False))
+        return self.k if any(ks) else 0
 
     def num_drafts(self, requests: list, num_running: int) -> list[int]:
         fit = self.step_time()
@@ -131,50 +153,83 @@ class AutoPolicy:
         probing = self._probing(fit)
         if probing and not self._may_probe():
             best = [0] * len(requests)
-        elif fit is None:  # the first probe: its step gives the fit a speculative shape (c2)
-            best = [self.k] * len(requests)
-        else:  # with c2 unknown (0 in the fit) this drafts wherever the tokens alone pay: a probe
+        elif probing:  # a probe: k for the `_PROBE_REQUESTS` likeliest to accept (c2 and c3 from its step)
+            top = sorted(range(len(requests)), key=lambda i: -rates[i])[:_PROBE_REQUESTS]
+            best = [0] * len(requests)
+            for i in top:
+                best[i] = self.k
+        else:
             tables = [[expected_tokens(a, k) for k in range(self.k + 1)] for a in rates]
-            best = _choose(fit, tables, [1] * len(requests), num_running)
+            ks, drafting = _choose(fit, tables, [1] * len(requests), num_running, self._cap(False))
+            best = [k if n else 0 for k, n in zip(ks, drafting)]
         if probing and any(best):
             self._probe_pending = 2
         self._last_drafted = any(best)
+        self._width = sum(1 for k in best if k)
         self._last_rates = sorted(Counter(rates).items(), reverse=True)
         return best
 
 
-def _choose(fit: tuple[float, float, float], tables: list[list[float]], counts: list[int],
-            num_running: int) -> list[int]:
+def _choose(fit: Fit, tables: list[list[float]], counts: list[int], num_running: int,
+            cap: int) -> tuple[list[int], list[int]]:
     """Dinkelbach's iteration (module docstring): the draft length per group of requests (`counts[i]` requests
-    with expected-token table `tables[i]`, E(0) .. E(k)) that maximises the step's tokens per second, all 0
-    where the plain step is best. `num_running` counts every decode in the step (those not in a group get 1
-    token)."""
-    c0, c1, c2 = fit
+    with expected-token table `tables[i]`, E(0) .. E(k)) and how many of the group draft it (at most `cap`
+    requests in all, those whose drafts gain most), maximising the step's tokens per second; all 0 where the
+    plain step is best. `num_running` counts every decode in the step (those not in a group get 1 token)."""
+    c0, c1, c2, c3 = fit
     k_max = len(tables[0]) - 1 if tables else 0
-    best = [0] * len(tables)
+    best, best_n = [0] * len(tables), [0] * len(tables)
     x = num_running / (c0 + c1 * num_running)  # plain decoding's tokens per second
     for _ in range(_ITERATIONS):
-        price = x * c1  # tokens of throughput that one more token in the step costs
+        price = x * c3  # tokens of throughput that one more draft token in the step costs
         ks = [max(range(k_max + 1), key=lambda k, t=t: t[k] - price * k) for t in tables]
         if not any(ks):
             break
-        gain = sum(n * t[k] for t, k, n in zip(tables, ks, counts)) + (num_running - sum(counts))
-        x_new = gain / (c0 + c1 * (num_running + sum(n * k for k, n in zip(ks, counts))) + c2)
+        left, ns = cap, [0] * len(tables)
+        for i in sorted(range(len(tables)), key=lambda i: -(tables[i][ks[i]] - tables[i][0] - price * ks[i])):
+            if ks[i]:
+                ns[i] = min(counts[i], left)
+                left -= ns[i]
+        gain = sum(n * (t[k] - t[0]) for t, k, n in zip(tables, ks, ns)) + sum(
+            n * t[0] for t, n in zip(tables, counts)) + (num_running - sum(counts))
+        drafts = sum(n * k for k, n in zip(ks, ns))
+        x_new = gain / (c0 + c1 * num_running + c3 * drafts + c2)
         if x_new <= x * (1 + 1e-9):
             break
-        best, x = ks, x_new
-    return best
+        best, best_n, x = ks, ns, x_new
+    return best, best_n
 
 
-def _least_squares(steps) -> tuple[float, float, float] | None:
-    """Fit seconds = c0 + c1 * tokens + c2 * speculative (c2 = 0 unless both kinds of step are in the
-    window); None when the tokens never vary."""
-    data = np.asarray([(t, float(s), sec) for t, s, sec in steps], dtype=np.float64)
-    tokens, spec, seconds = data[:, 0], data[:, 1], data[:, 2]
-    if np.ptp(tokens) == 0:
+def _least_squares(steps, previous: Fit | None) -> Fit | None:
+    """Fit seconds = c0 + c1 * (tokens - drafts) + c2 * [drafts > 0] + c3 * drafts (module docstring): c2 and c3
+    0 unless the window has both plain and speculative steps, c2 0 unless its speculative steps drafted at least
+    two different counts; c1 the previous fit's (else 0) when the non-draft tokens never vary. None when there is
+    neither a previous fit nor varied non-draft tokens."""
+    data = np.asarray(steps, dtype=np.float64)
+    drafts, seconds = data[:, 1], data[:, 2]
+    tokens = data[:, 0] - drafts
+    spec = (drafts > 0).astype(np.float64)
+    varied = np.ptp(tokens) > 0
+    if not varied and previous is None:
         return None
     both = 0 < spec.sum() < len(spec)
-    columns = [np.ones_like(tokens), tokens] + ([spec] if both else [])
-    coef = np.linalg.lstsq(np.stack(columns, axis=1), seconds, rcond=None)[0]
-    c2 = float(coef[2]) if both else 0.0
-    return max(1e-6, float(coef[0])), max(0.0, float(coef[1])), max(0.0, c2)
+    apart = both and len(np.unique(drafts[drafts > 0])) >= 2
+    columns = [np.ones_like(tokens)] + ([tokens] if varied else []) + ([spec] if apart else []) + (
+        [drafts] if both else [])
+    c1_fixed = 0.0 if varied else previous[1]
+    coef = list(np.linalg.lstsq(np.stack(columns, axis=1), seconds - c1_fixed * tokens, rcond=None)[0])
+    c0 = coef.pop(0)
+    c1 = coef.pop(0) if varied else c1_fixed
+    c2 = coef.pop(0) if apart else 0.0
+    c3 = coef.pop(0) if both else 0.0
+    if apart and c2 < 0:  # a negative fixed cost: the extra cost is all per draft token
+        return _least_squares_per_draft(tokens, drafts, seconds, varied, c1_fixed)
+    return max(1e-6, float(c0)), max(0.0, float(c1)), max(0.0, float(c2)), max(0.0, float(c3))
+
+
+def _least_squares_per_draft(tokens, drafts, seconds, varied: bool, c1_fixed: float) -> Fit:
+    columns = [np.ones_like(tokens)] + ([tokens] if varied else []) + [drafts]
+    coef = list(np.linalg.lstsq(np.stack(columns, axis=1), seconds - c1_fixed * tokens, rcond=None)[0])
+    c0 = coef.pop(0)
+    c1 = coef.pop(0) if varied else c1_fixed
+    return max(1e-6, float(c0)), max(0.0, float(c1)), 0.0, max(0.0, float(coef[0]))

@@ -17,7 +17,8 @@ class AlwaysPolicy:
     def num_drafts(self, requests: list, num_running: int) -> list[int]:
         return [self.k] * len(requests)
 
-    def observe_step(self, num_tokens: int, speculative: bool, seconds: float) -> None:
+    def observe_step(self, num_tokens: int, speculative: bool, seconds: float,
+                     num_draft_tokens: int | None = None) -> None:
         pass
 
 

@@ -51,7 +51,7 @@ class SpecDecoder:
 
     def on_step(self, out, seconds: float) -> None:
         """A step's (`SchedulerOutput`) measured cost, for the policy's step-time model."""
-        self.policy.observe_step(out.num_batched_tokens, out.has_drafts, seconds)
+        self.policy.observe_step(out.num_batched_tokens, out.has_drafts, seconds, out.num_draft_tokens)
 
     def on_finished(self, request) -> None:
         self.proposer.on_finished(request)

@@ -22,8 +22,9 @@ def _requests(n: int, drafted: int, accepted: int) -> list[Request]:
 
 def _policy(c0: float, c1: float, c2: float = 0.0) -> AutoPolicy:
     policy = AutoPolicy(SpeculativeConfig(num_speculative_tokens=5))
-    for tokens, spec in ((1, False), (6, True), (64, False), (384, True), (448, False), (2688, True)) * 4:
-        policy.observe_step(tokens, spec, c0 + c1 * tokens + c2 * spec)  # steps of several shapes
+    for tokens, drafts in ((1, 0), (6, 5), (64, 0), (384, 320), (448, 0), (2688, 2240)) * 4:
+        # steps of several shapes; a draft token costs what any token does (c3 = c1), a speculative step c2 more
+        policy.observe_step(tokens, drafts > 0, c0 + c1 * tokens + c2 * (drafts > 0), drafts)
     return policy
 
 
@@ -40,7 +41,7 @@ def test_policy_speculates_before_it_has_measured_steps():
 @pytest.mark.parametrize("c0,c1,c2", [(0.004, 2e-5, 1e-3), (0.005, 2e-3, 5e-4)], ids=["gpu_like", "cpu_like"])
 def test_policy_by_batch_and_acceptance(c0, c1, c2):
     policy = _policy(c0, c1, c2)
-    assert policy.step_time() == pytest.approx((c0, c1, c2), rel=1e-6)
+    assert policy.step_time() == pytest.approx((c0, c1, c2, c1), rel=1e-6)
     assert policy.num_drafts(_requests(1, 100, 85), 1)[0] >= 4  # a lone request that accepts: (nearly) full k
     assert policy.num_drafts(_requests(1, 100, 2), 1) == [0]  # one that never accepts: off
     many = policy.num_drafts(_requests(448, 100, 30), 448)  # a full batch at low acceptance: off

@@ -1,142 +1,131 @@
-"""The auto policy against the step times measured on the H200 at c518670 (issue 17;
-benchmarks/results/spec_decode_h200_replay_c518670.json: llama-3.1-8b dummy, 1000-token prompts, 128 output
-tokens, forced acceptance 0.8): step counts, not wall time. Where a speculative step costs more than its
-accepted tokens pay for (batch 64 / 256 / 448: 2.7x / 4.6x / 4.0x a plain step at k = 3), the policy drafts on
-its probe steps only (one in a 128-token run; it drafted on the first 16, 14-15% of the run's steps, at c518670;
-later probes within 1% of the time) and does not make the async stepper resolve a step it declines early, so a
-declined step takes the path of speculation unconfigured; at batch 1 (1.4x) it drafts on nearly every step."""
+"""The auto policy against step costs shaped like those measured on the H200 at 9a99c62 (issue 17;
+benchmarks/results/spec_decode_h200_replay_9a99c62.json: llama-3.1-8b dummy, 1000-token prompts, forced
+acceptance 0.8), in simulated time (shared_engine/sim/spec_policy_sim.py): a plain step at each batch's measured
+ms/step, a step with drafts at that plus the extra the `always` runs measured, fitted per batch as fixed +
+per drafting request + per draft token (with batch 1's runs). There a step with every request at k = 3 cost
+2.6x / 4.2x / 3.9x a plain one at batch 64 / 256 / 448, and the policy (whose probe gave every request k) ran at
+0.94-1.01x of speculation off. The issue's target: >= 0.98x at batch 64, 256 and 448 on the 1,000 / 1,000
+workload; at batch 1 speculation still pays."""
 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from shared_engine import SamplingParams
-from shared_engine.config.speculative_config import SpeculativeConfig
-from shared_engine.core.request import Request
-from shared_engine.engine.async_output import AsyncOutputStepper
-from shared_engine.spec_decode.spec_decoder import SpecDecoder
+from shared_engine.sim.spec_policy_sim import SpecStepCosts, predicted_ratio, simulate
+from shared_engine.spec_decode.auto_policy import _PROBE_REQUESTS, AutoPolicy
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results/spec_decode_h200_replay_c518670.json"
-OUTPUT_LEN = 128
-CACHED_PREFILL_TOKENS = 8  # per request: the 1000-token prompt's last partial block (the rest from the cache)
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results/spec_decode_h200_replay_9a99c62.json"
 
 
-def _measured() -> dict[int, dict]:
-    """batch -> {"plain": seconds per step, k: seconds per step of policy `always` at acceptance 0.8}."""
+def _points() -> tuple[dict[int, float], dict[int, float], list[tuple[int, float, float, float]], dict]:
+    """(plain seconds per step by batch, host seconds an early resolve exposes by batch, speculative steps as
+    (batch, requests drafting, draft tokens, seconds), the measured throughput ratios by (batch, policy, k)) from
+    the 9a99c62 file's acceptance-0.8 runs (batch 1's at 0.6 too)."""
     body = json.loads(RESULTS.read_text())
     rows = body["results"]["batch1"] + body["results"]["throughput"]
-    table = {}
+    plain, early, points, measured = {}, {}, [], {}
     for row in rows:
-        batch = row["batch"]
-        off_seconds = batch * OUTPUT_LEN / row["off_tokens_per_s"]
-        entry = {"plain": off_seconds / OUTPUT_LEN}
+        batch, off = row["batch"], row["off_step_cost"]
+        plain[batch] = off["wall_ms_per_step"] / 1e3
+        early[batch] = (off["wall_ms_per_step"] - off["gpu_span_ms_per_step"]) / 1e3
         for run in row["runs"]:
-            if run["policy"] == "always" and run["draft_token_probability"] == 0.8:
-                entry[run["k"]] = run["seconds"] / run["steps"]
-        table[batch] = entry
-    return table
+            measured[batch, run["policy"], run["k"], run["draft_token_probability"]] = run["throughput_ratio"]
+            if run["policy"] != "always":
+                continue
+            spec = round(run["steps"] * run["share_of_steps_speculating"])
+            seconds = (run["seconds"] - (run["steps"] - spec) * plain[batch]) / spec
+            drafts = run["num_draft_tokens"] / spec
+            points.append((batch, drafts / run["mean_draft_length"], drafts, seconds))
+    return plain, early, points, measured
 
 
-def _run(batch: int, k: int, output_len: int = OUTPUT_LEN) -> tuple[int, int, int, float]:
-    """One `output_len`-token run of `batch` requests through `SpecDecoder` in the async stepper's order, each step
-    costing what c518670 measured for its kind. Returns (steps, steps with drafts, steps resolved early, its
-    seconds over speculation off's: `output_len` plain steps)."""
-    costs = _measured()[batch]
-    spec = SpecDecoder(SpeculativeConfig(method="ngram", num_speculative_tokens=k, policy="auto"), 4096)
-    rng = random.Random(0)
-    requests = [Request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=output_len), max_tokens=output_len)
-                for i in range(batch)]
-    produced = [1] * batch  # the prefill's token
-    prefill = SimpleNamespace(num_batched_tokens=batch * CACHED_PREFILL_TOKENS, has_drafts=False)
-    spec.on_step(prefill, costs["plain"] * 1.5)
-    engine = SimpleNamespace(spec=spec, scheduler=SimpleNamespace(num_running=batch))
-    steps = drafted = early = 0
-    previous = SimpleNamespace(out=SimpleNamespace(has_drafts=False))
-    seconds = 0.0
-    while min(produced) < output_len:
-        live = [i for i in range(batch) if produced[i] < output_len]
-        engine.scheduler.num_running = len(live)
-        resolved = AsyncOutputStepper._needs_resolved_drafts(engine, previous)
-        early += resolved
-        ks = [0] * len(live)
-        if resolved:  # the stepper proposes only after resolving (the policy's `num_drafts`)
-            ks = spec.policy.num_drafts([requests[i] for i in live], len(live))
-        tokens = len(live) + sum(ks)
-        for i, d in zip(live, ks):
-            accepted = 0
-            while accepted < d and rng.random() < 0.8:
-                accepted += 1
-            requests[i].num_draft_tokens_total += d
-            requests[i].num_accepted_tokens_total += accepted
-            produced[i] = min(output_len, produced[i] + accepted + 1)
-        out = SimpleNamespace(num_batched_tokens=tokens, has_drafts=any(ks))
-        # a speculative step at its measured cost; a shrinking tail's steps priced like the full batch's
-        step_seconds = costs[k] if any(ks) else costs["plain"]
-        spec.on_step(out, step_seconds)
-        seconds += step_seconds
-        previous = SimpleNamespace(out=out)
-        steps += 1
-        drafted += any(ks)
-    return steps, drafted, early, seconds / (output_len * costs["plain"])
+def _costs(batch: int) -> SpecStepCosts:
+    plain, early, points, _ = _points()
+    return SpecStepCosts.fit(plain, [p for p in points if p[0] in (1, batch)], early)
 
 
+def test_costs_reproduce_the_measured_steps():
+    """The fitted step costs give back each measured speculative step within 2%, and the `always` policy's
+    simulated throughput ratio the measured one within 10% (the issue's bound for the simulator)."""
+    plain, _, points, measured = _points()
+    for batch in (64, 256, 448):
+        costs = _costs(batch)
+        for b, n, d, seconds in points:
+            if b == batch:
+                assert costs.step_s(b, n, d) == pytest.approx(seconds, rel=0.02)
+        for k in (3, 5):
+            sim = predicted_ratio("always", k, batch, 128, costs, 0.8)["throughput_ratio"]
+            assert sim == pytest.approx(measured[batch, "always", k, 0.8], rel=0.10)
+            assert costs.step_s(batch, batch, batch * k) / costs.plain_s(batch) > 2.4  # whole batch: > 2.4x
+
+
+@pytest.mark.parametrize("output_len", [128, 1000])
 @pytest.mark.parametrize("k", [3, 5])
 @pytest.mark.parametrize("batch", [64, 256, 448])
-def test_no_speculation_where_it_cannot_pay(batch, k):
-    costs = _measured()[batch]
-    assert costs[k] / costs["plain"] > 2.5  # what the measurement says: a speculative step costs > 2.5 plain
-    steps, drafted, early, _ = _run(batch, k)
-    assert drafted == 1  # the one probe (c518670's policy: 16, i.e. 14-15% of the steps)
-    assert early <= 5  # the probe and the first fitted decisions (a handful of steps); then overlapped
-    assert steps <= OUTPUT_LEN
+def test_auto_at_least_098_of_off(batch, k, output_len):
+    """9a99c62's policy probed with every request at k (a 3.9x step at batch 448; measured 0.94-0.96x at k = 5,
+    simulated here 0.981-0.994x at 128 tokens, the rest of the measured loss being what the simulation does not
+    model: host work, run-to-run noise). Now the probe drafts for at most 8 requests and widening at most
+    doubles per step: >= 0.99x at 128 tokens (a margin for the unmodelled), >= 0.98x at 1000."""
+    run = predicted_ratio("auto", k, batch, output_len, _costs(batch), 0.8)
+    assert run["throughput_ratio"] >= (0.99 if output_len == 128 else 0.98)
+    assert run["spec_steps"] <= 0.05 * run["steps"]
+
+
+def test_probe_drafts_for_few_requests_and_widening_at_most_doubles():
+    """A batch of 448 where speculating pays (a draft token costs little): the probe drafts for 8 requests, and
+    each later step for at most twice the last's, up to the whole batch."""
+    costs = SpecStepCosts({1: 0.005, 448: 0.034}, 0.0005, 1e-6, 1e-7, {}, {})
+    policy = AutoPolicy(SimpleNamespace(num_speculative_tokens=3))
+    widths = []
+    original = policy.num_drafts
+
+    def recording(requests, num_running):
+        ks = original(requests, num_running)
+        widths.append(sum(1 for k in ks if k))
+        return ks
+
+    policy.num_drafts = recording
+    run = simulate(policy, 448, 200, costs, 0.8)
+    drafting = [w for w in widths if w]
+    assert drafting[0] <= _PROBE_REQUESTS
+    assert all(b <= max(_PROBE_REQUESTS, 2 * a) for a, b in zip(widths, widths[1:]))
+    assert max(drafting) == 448
+    assert run["spec_steps"] > 0.5 * run["steps"]
+
+
+def test_fit_has_a_per_draft_token_term():
+    """A probe at 8 requests then wider steps: the fit prices each draft token (c3), so a step drafting for the
+    whole batch is predicted at its cost, not at the probe's extra (a fixed c2 would price 448 requests' drafts
+    as 8 requests')."""
+    policy = AutoPolicy(SimpleNamespace(num_speculative_tokens=3))
+    plain, per_draft = 0.0345, 0.0002 / 3  # 0.2 ms per drafting request at k = 3
+    for tokens, drafts in [(448 * 8, 0)] + [(448, 0)] * 20 + [(448 + 24, 24), (448 + 48, 48), (448 + 96, 96)]:
+        policy.observe_step(tokens, drafts > 0, plain * (1 + 0.1 * (tokens > 1000)) + per_draft * drafts, drafts)
+    c0, c1, c2, c3 = policy.step_time()
+    assert c3 == pytest.approx(per_draft, rel=0.01) and c2 == pytest.approx(0.0, abs=1e-6)
+    assert not any(policy.num_drafts([SimpleNamespace(num_draft_tokens_total=90, num_accepted_tokens_total=72)]
+                                     * 448, 448))  # acceptance 0.8, a draft token ~2.3 ms of throughput: off
 
 
 @pytest.mark.parametrize("k", [3, 5])
-def test_batch1_speculates_nearly_every_step(k):
-    costs = _measured()[1]
-    assert costs[k] / costs["plain"] < 1.5
-    steps, drafted, _, _ = _run(1, k)
-    assert drafted >= 0.8 * (steps - 9)  # all but the plain steps before the fit (`_MIN_STEPS`)
-    assert steps < 0.7 * OUTPUT_LEN  # so the run takes far fewer steps than plain decoding's 128
-
-
-@pytest.mark.parametrize("batch", [256, 448])
-def test_probes_stay_within_their_budget_on_a_long_run(batch):
-    """The issue's 1,000-token outputs: once the probe has left the 256-step window c2 is unknown again, and
-    the next probe waits until the probes' steps are at most 1% of the time observed (at c518670 the window
-    lost its speculative steps every 256 steps and the policy drafted again at once)."""
-    steps, drafted, early, ratio = _run(batch, 3, output_len=1000)
-    assert drafted <= 3  # the first probe, then those the 1% budget allows (a probe step: 4x a plain one)
-    assert early <= 2 * drafted + 3  # (c518670's policy: a probe every 256 steps, each resolved early)
-    assert ratio < 1.015  # seconds against speculation off's: within the issue's 0.98x
+def test_batch1_still_speculates(k):
+    """At batch 1 a speculative step costs 1.3x a plain one: speculation on nearly every step, > 2x (k = 5)."""
+    run = predicted_ratio("auto", k, 1, 1000, _costs(64), 0.8)
+    assert run["spec_steps"] >= 0.95 * run["steps"]
+    assert run["throughput_ratio"] > (2.0 if k == 5 else 1.8)
 
 
 def test_back_on_when_the_batch_shrinks_to_one():
-    """600 steps at batch 448 (one probe), then 600 at batch 1: once the large batch's probe has left the
-    window, a probe at batch 1 (within the budget) measures it cheap, and speculation is back."""
-    from shared_engine.spec_decode.auto_policy import AutoPolicy
-
-    costs, rng = _measured(), random.Random(0)
-    policy = AutoPolicy(SpeculativeConfig(num_speculative_tokens=3))
-
-    def phase(batch: int, steps: int) -> int:
-        reqs = [Request(f"b{batch}-{i}", [1], SamplingParams(max_tokens=9999), max_tokens=9999)
-                for i in range(batch)]
-        policy.observe_step(batch * CACHED_PREFILL_TOKENS, False, costs[batch]["plain"] * 1.5)
-        drafted = 0
-        for _ in range(steps):
-            ks = policy.num_drafts(reqs, batch) if policy.max_drafts(batch) else [0] * batch
-            for r, d in zip(reqs, ks):
-                r.num_draft_tokens_total += d
-                r.num_accepted_tokens_total += next((j for j in range(d) if rng.random() >= 0.8), d)
-            policy.observe_step(batch + sum(ks), any(ks), costs[batch][3] if any(ks) else costs[batch]["plain"])
-            drafted += any(ks)
-        return drafted
-
-    assert phase(448, 600) <= 2
-    assert phase(1, 600) >= 500
+    """600 steps at batch 448, then 600 at batch 1: once the large batch's probes have left the window, a probe
+    at batch 1 (within the budget) measures it cheap, and speculation is back."""
+    costs = _costs(448)
+    policy = AutoPolicy(SimpleNamespace(num_speculative_tokens=3))
+    big = simulate(policy, 448, 600, costs, 0.8)
+    small = simulate(policy, 1, 600, costs, 0.8)
+    assert big["spec_steps"] <= 0.02 * big["steps"]
+    assert small["spec_steps"] >= 0.8 * small["steps"]

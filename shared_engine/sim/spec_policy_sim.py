@@ -1,0 +1,128 @@
+"""A speculation policy's run in simulated time: `batch` requests decoding `output_len` tokens together (the
+replay benchmark's throughput workload, scripts/bench_spec_decode.py), each step priced by `SpecStepCosts`.
+
+Per step, in the async stepper's order (engine/async_output.py, `_needs_resolved_drafts`): the step in flight is
+resolved early when it had drafts or the policy's `max_drafts` says the next may; only then does the policy's
+`num_drafts` choose the drafts (else the step is plain). Each draft is accepted with probability `acceptance`
+given the ones before it (the replay's marks under forced acceptance), and the policy observes the step's
+tokens, draft tokens and seconds as the engine reports them. No scheduler, no model: the batch is fixed (no
+arrivals, no preemption), so a step is `live` decodes plus the chosen drafts. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SpecStepCosts:
+    """Seconds per step: a plain decode step of `live` requests at `plain_s(live)` (linear between the measured
+    batches in `plain`, flat beyond them), plus, for a step with drafts, `fixed_s + per_request_s * n +
+    per_draft_s * drafts` (n: requests drafting). `early_s[batch]`: the host time an early-resolved plain step
+    exposes (async scheduling hides it otherwise); `prefill_s[batch]`: the first step (the prompts' cached
+    prefill) at that batch."""
+
+    plain: dict[int, float]
+    fixed_s: float
+    per_request_s: float
+    per_draft_s: float
+    early_s: dict[int, float]
+    prefill_s: dict[int, float]
+
+    def plain_s(self, live: int) -> float:
+        xs = sorted(self.plain)
+        return float(np.interp(live, xs, [self.plain[x] for x in xs]))
+
+    def step_s(self, live: int, num_drafting: int, num_drafts: int) -> float:
+        extra = (self.fixed_s + self.per_request_s * num_drafting + self.per_draft_s * num_drafts
+                 if num_drafts else 0.0)
+        return self.plain_s(live) + extra
+
+    @classmethod
+    def fit(cls, plain: dict[int, float], spec_steps: list[tuple[int, float, float, float]],
+            early_s: dict[int, float] | None = None, prefill_s: dict[int, float] | None = None) -> SpecStepCosts:
+        """From plain step seconds per batch and measured speculative steps (batch, mean requests drafting, mean
+        draft tokens, seconds per step): the extra over `plain_s(batch)` fitted as fixed + per request + per
+        draft token by non-negative least squares on relative errors (each point weighted by 1 / its seconds, so
+        batch 1's few milliseconds count as much as batch 448's hundred; a term the points cannot tell apart
+        comes out 0).
+
+        Raises:
+            ValueError: no speculative step given.
+        """
+        from scipy.optimize import nnls
+
+        if not spec_steps:
+            raise ValueError("no speculative steps to calibrate from")
+        probe = cls(dict(plain), 0.0, 0.0, 0.0, {}, {})
+        weight = np.asarray([1.0 / s for *_, s in spec_steps])
+        a = np.asarray([(1.0, n, d) for _, n, d, _ in spec_steps]) * weight[:, None]
+        b = np.asarray([max(s - probe.plain_s(batch), 0.0) for batch, _, _, s in spec_steps]) * weight
+        (fixed, per_request, per_draft), _ = nnls(a, b)
+        return cls(dict(plain), float(fixed), float(per_request), float(per_draft), dict(early_s or {}),
+                   dict(prefill_s or {}))
+
+
+@dataclass
+class _Request:
+    num_draft_tokens_total: int = 0
+    num_accepted_tokens_total: int = 0
+
+
+def simulate(policy, batch: int, output_len: int, costs: SpecStepCosts, acceptance: float,
+             seed: int = 0) -> dict:
+    """One run of `policy` (a `make_policy` policy, or None: speculation off). Returns steps, speculative
+    steps, early-resolved steps, seconds (prefill step included), tokens, tokens per second and the largest
+    number of requests that drafted in one step."""
+    rng = random.Random(seed)
+    requests = [_Request() for _ in range(batch)]
+    produced = [1] * batch  # the prefill's token
+    seconds = costs.prefill_s.get(batch, 1.5 * costs.plain_s(batch))
+    if policy is not None:
+        policy.observe_step(batch * 8, False, seconds, 0)
+    early_s = costs.early_s.get(batch, 0.0)
+    steps = spec_steps = early = widest = 0
+    previous_drafts = False
+    while min(produced) < output_len:
+        live = [i for i in range(batch) if produced[i] < output_len]
+        ks = [0] * len(live)
+        resolved = policy is not None and (previous_drafts or policy.max_drafts(len(live)) > 0)
+        if resolved:
+            ks = policy.num_drafts([requests[i] for i in live], len(live))
+            ks = [min(k, output_len - produced[i]) for i, k in zip(live, ks)]  # the max_tokens cap
+        for i, d in zip(live, ks):
+            accepted = 0
+            while accepted < d and rng.random() < acceptance:
+                accepted += 1
+            requests[i].num_draft_tokens_total += d
+            requests[i].num_accepted_tokens_total += accepted
+            produced[i] = min(output_len, produced[i] + accepted + 1)
+        drafts, drafting = sum(ks), sum(1 for k in ks if k)
+        step = costs.step_s(len(live), drafting, drafts) + (early_s if resolved and not drafts else 0.0)
+        if policy is not None:
+            policy.observe_step(len(live) + drafts, drafts > 0, step, drafts)
+        seconds += step
+        previous_drafts = drafts > 0
+        steps += 1
+        spec_steps += drafts > 0
+        early += resolved
+        widest = max(widest, drafting)
+    tokens = batch * output_len
+    return {"steps": steps, "spec_steps": spec_steps, "early_resolved_steps": early, "seconds": seconds,
+            "tokens": tokens, "tokens_per_s": tokens / seconds, "max_requests_drafting": widest}
+
+
+def predicted_ratio(policy_name: str, k: int, batch: int, output_len: int, costs: SpecStepCosts,
+                    acceptance: float, seed: int = 0) -> dict:
+    """The simulated throughput of `policy_name` ("always" / "auto") at k over speculation off's, with the
+    run's counts."""
+    from shared_engine.spec_decode.policy import make_policy
+
+    config = SimpleNamespace(num_speculative_tokens=k, policy=policy_name)
+    off = simulate(None, batch, output_len, costs, acceptance, seed)
+    on = simulate(make_policy(config), batch, output_len, costs, acceptance, seed)
+    return {**on, "throughput_ratio": on["tokens_per_s"] / off["tokens_per_s"]}
