@@ -15,6 +15,11 @@ continuation (recorded by the run with speculation off) with each token right wi
 With `--draft-model NAME` (e.g. the `llama-3.2-1b` preset) the engine runs the `draft_model` method, so every
 step pays for the draft model's forwards and KV mirror, but the drafts it returns are replaced by the replay
 ones (`DraftCostReplayProposer`, BENCHMARK ONLY): what a draft model of that size costs at a set acceptance.
+With `--calibration-len N`, each batch > 1 also gets short (N-token) off and `always` runs, and once batch 1's,
+whose step costs calibrate the simulator's predicted throughput ratio for each timed (policy, k)
+(scripts/spec_sim_predict.py), computed before those runs and stored beside each measured ratio with its
+relative error. `--policies auto --time-recording --batch1-prompts 0` times only off and auto (issue 17's
+1,000 / 1,000 workload in one device call: scripts/gpu_spec_check.sh, STEPS=bench1000).
 
     python scripts/bench_spec_decode.py --workload code --out benchmarks/results/spec_decode_cpu_code.json
     python scripts/bench_spec_decode.py --workload code --methods draft_model --draft-layers 0 6 \\
@@ -23,6 +28,9 @@ ones (`DraftCostReplayProposer`, BENCHMARK ONLY): what a draft model of that siz
         --out benchmarks/results/spec_decode_h200_replay.json
     python scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b --load-format dummy \\
         --draft-model llama-3.2-1b --batch-sizes 0 --out benchmarks/results/spec_decode_h200_draft_cost.json
+    python scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b --load-format dummy \\
+        --output-len 1000 --policies auto --time-recording --batch1-prompts 0 --calibration-len 32 \\
+        --out benchmarks/results/spec_decode_h200_replay_1000.json
 """
 
 from __future__ import annotations
@@ -227,8 +235,23 @@ def _spec_run(llm, engine, spec, base, prompts, truth, out_len, k, policy, rate,
            # forced acceptance emits the recording after the prefill's own first token
            "outputs_follow_recording": sum(o[1:] == t[1:] for o, t in zip(outs, truth)) / len(truth)}
     if policy == "auto":
-        row["policy_fit_c0_c1_c2"] = spec.policy.step_time()
+        row["policy_fit"] = dict(zip(("c0_s", "c1_s_per_non_draft_token", "c2_s_per_spec_step", "c3_s_per_draft_token"),
+                                     spec.policy.step_time() or ()))
     return row
+
+
+def _calibration(llm, engine, spec, base, prompts, truth, args) -> dict:
+    """Step costs for the simulator's prediction (scripts/spec_sim_predict.py): --calibration-len tokens of
+    `prompts` (prefix-cached) with speculation off ("off": its `StepCost` report), then with the policy
+    `always` at each k ("always": `_spec_run` rows) at --throughput-acceptance."""
+    set_speculation(engine, spec, False, reset_prefix_cache=False)
+    off = StepCost(engine)
+    _generate(llm, prompts, args.calibration_len)
+    off = off.report()
+    set_speculation(engine, spec, True, reset_prefix_cache=False)
+    always = [_spec_run(llm, engine, spec, base, prompts, truth, args.calibration_len, k, "always",
+                        args.throughput_acceptance) for k in args.ks]
+    return {"batch": len(prompts), "output_len": args.calibration_len, "off": off, "always": always}
 
 
 def replay_workload(args, save) -> dict:
@@ -240,8 +263,9 @@ def replay_workload(args, save) -> dict:
 
     method = {"method": "draft_model", "model": args.draft_model} if args.draft_model else {"method": "replay"}
     batches = [b for b in args.batch_sizes if b > 0]
+    memory = {} if args.gpu_memory_utilization is None else {"gpu_memory_utilization": args.gpu_memory_utilization}
     llm = LLM(args.model, load_format=args.load_format, max_model_len=args.input_len + args.output_len + 64,
-              max_num_seqs=max([8, *batches]), benchmark_forced_acceptance=args.forced_acceptance,
+              max_num_seqs=max([8, *batches]), benchmark_forced_acceptance=args.forced_acceptance, **memory,
               speculative_config={**method, "num_speculative_tokens": max(args.ks), "policy": "always"})
     engine, spec = llm.engine, llm.engine.spec
     if args.draft_model:
@@ -270,34 +294,56 @@ def replay_workload(args, save) -> dict:
     for k in args.ks:
         for batch in (1, len(warm)):
             _spec_run(llm, engine, spec, base, warm[:batch], warm_truth, 16, k, "always", 0.5)
-    for batch in [1, *batches]:
+    batch1_calibration = None
+    for batch in ([1] if args.batch1_prompts > 0 else []) + batches:
         # batch 1: --batch1-prompts requests, each alone in turn (more verify steps per figure: at 128 output
         # tokens one request has ~40 speculative steps, whose realised acceptance scatters around the set one)
         alone = batch == 1 and args.batch1_prompts > 1
         count = args.batch1_prompts if batch == 1 else batch
         prompts = [[rng.randint(100, 10000) for _ in range(args.input_len)] for _ in range(count)]
         set_speculation(engine, spec, False, reset_prefix_cache=False)
-        # recording, and the prompts' KV cached
-        _, _, _, truth = _generate_runs(llm, prompts, args.output_len, alone)
+        if args.time_recording:  # the prompts' KV cached by a 2-token pass; the timed off run is the recording
+            _generate_runs(llm, prompts, 2, alone)
+        else:  # recording, and the prompts' KV cached
+            _, _, _, truth = _generate_runs(llm, prompts, args.output_len, alone)
         off_cost = StepCost(engine)
         off_s, tokens, off_itl, outs = _generate_runs(llm, prompts, args.output_len, alone)
+        if args.time_recording:
+            truth = outs
         for p, t in zip(prompts, truth):
             spec.proposer.record(p, t)
         row = {"batch": batch, "num_prompts": count, "off_tokens_per_s": tokens / off_s,
-               "off_median_itl_ms": 1e3 * off_itl, "off_outputs_repeat": outs == truth,
+               "off_median_itl_ms": 1e3 * off_itl, "off_outputs_repeat": None if args.time_recording else outs == truth,
                "off_step_cost": off_cost.report(), "runs": []}
         set_speculation(engine, spec, True, reset_prefix_cache=False)
         rates = args.acceptance if batch == 1 else [args.throughput_acceptance]
-        plan = [("always", k, a) for a in rates for k in args.ks]
-        plan += [("auto", k, args.throughput_acceptance) for k in args.ks]
+        plan = [("always", k, a) for a in rates for k in args.ks if "always" in args.policies]
+        plan += [("auto", k, args.throughput_acceptance) for k in args.ks if "auto" in args.policies]
+        if args.calibration_len and batch > 1:
+            if batch1_calibration is None:
+                batch1_calibration = _calibration(llm, engine, spec, base, prompts[:1], truth[:1], args)
+                body["batch1_calibration"] = batch1_calibration
+            row["calibration"] = _calibration(llm, engine, spec, base, prompts, truth, args)
+            from scripts.spec_sim_predict import predict
+
+            # computed here, before the runs it predicts (from off steps and the calibration's steps only)
+            row["prediction"] = predict(batch, args.output_len, row, row["calibration"], batch1_calibration,
+                                        sorted({pol for pol, _, _ in plan}), args.ks, args.throughput_acceptance)
+            print(json.dumps({"batch": batch, "predicted": {key: round(v["throughput_ratio"], 4)
+                                                            for key, v in row["prediction"].items()
+                                                            if key != "costs"}}), flush=True)
         for policy, k, a in plan:
             run = _spec_run(llm, engine, spec, base, prompts, truth, args.output_len, k, policy, a,
                             one_at_a_time=alone)
             run["speedup_itl"] = off_itl / (run["median_itl_ms"] / 1e3)
             run["throughput_ratio"] = run["tokens_per_s"] / row["off_tokens_per_s"]
+            predicted = row.get("prediction", {}).get(f"{policy}/k{k}")
+            if predicted is not None and a == args.throughput_acceptance:
+                run["predicted_throughput_ratio"] = predicted["throughput_ratio"]
+                run["prediction_relative_error"] = predicted["throughput_ratio"] / run["throughput_ratio"] - 1
             row["runs"].append(run)
             print(json.dumps({"batch": batch, **{key: (round(v, 4) if isinstance(v, float) else v)
-                                                for key, v in run.items() if key != "policy_fit_c0_c1_c2"}}),
+                                                for key, v in run.items() if key != "policy_fit"}}),
                   flush=True)
         results["batch1" if batch == 1 else "throughput"].append(row)
         save(body, complete=False)  # a run cut by its timeout keeps the batches it finished
@@ -308,8 +354,10 @@ def print_summary(body: dict) -> None:
     """One line per batch: speculation off, then each run's ITL speed-up and throughput ratio."""
     for row in body["results"]["batch1"] + body["results"]["throughput"]:
         runs = "  ".join(f"{r['policy']}/k{r['k']}/a{r['draft_token_probability']}: itl x{r['speedup_itl']:.2f} "
-                         f"tput x{r['throughput_ratio']:.2f} spec {r['share_of_steps_speculating']:.0%} "
+                         f"tput x{r['throughput_ratio']:.3f} spec {r['share_of_steps_speculating']:.0%} "
                          f"{r['ms_per_step']:.2f} ms/step (GPU {r['gpu_span_ms_per_step']:.2f}) "
+                         + (f"sim x{r['predicted_throughput_ratio']:.3f} ({r['prediction_relative_error']:+.1%}) "
+                            if "predicted_throughput_ratio" in r else "") +
                          f"L {r['mean_acceptance_length']:.2f}"
                          f"/{r['expected_mean_acceptance_length']:.2f}"
                          for r in row["runs"])
@@ -333,10 +381,22 @@ def main() -> None:
     p.add_argument("--acceptance", type=float, nargs="+", default=[0.6, 0.8])
     p.add_argument("--throughput-acceptance", type=float, default=0.8)
     p.add_argument("--batch1-prompts", type=int, default=1,
-                   help="replay: batch-1 figures over this many requests, each alone in turn")
+                   help="replay: batch-1 figures over this many requests, each alone in turn (0: no batch-1 runs)")
+    p.add_argument("--policies", nargs="+", default=["always", "auto"], choices=["always", "auto"],
+                   help="replay: the speculation policies timed at full length (speculation off always is)")
+    p.add_argument("--calibration-len", type=int, default=0,
+                   help="replay: per batch > 1, short off + always runs of this many output tokens (and once at "
+                        "batch 1) whose step costs calibrate the simulator's predicted throughput ratio per "
+                        "policy and k, computed before the timed policy runs (0: no prediction)")
+    p.add_argument("--time-recording", action="store_true",
+                   help="replay: no separate recording run: a 2-token pass caches the prompts and the timed off "
+                        "run's outputs are the recording (one full-length run per batch fewer)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256, 448])
     p.add_argument("--forced-acceptance", action=argparse.BooleanOptionalAction, default=True,
                    help="replay: BENCHMARK-ONLY forced acceptance (the replay's marks decide verification)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="replay: the engine's setting (default the engine's); 448 requests of 2000 tokens of "
+                        "llama-3.1-8b need ~117 GB of KV")
     p.add_argument("--input-len", type=int, default=1000)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--file-chars", type=int, default=1500)

@@ -12,6 +12,15 @@
 # Expected on one H200: tests ~70 s (limit 110 s); bench ~140 s (limit 190 s); draft ~55 s (limit 100 s).
 # STEPS="bench draft" is ~195 s, at most ~290 s with both limits hit; a run cut by its limit keeps the batches
 # it finished.
+# STEPS=bench1000 (issue 17's 1,000 / 1,000 workload, run alone: GIT_COMMIT=<sha> STEPS=bench1000 ...): batch 64,
+# 256 and 448, 1000-token prompts and outputs, speculation off and policy auto at k 3 and 5 only (acceptance
+# 0.8), the timed off run doubling as the replay's recording, gpu_memory_utilization 0.95 (448 x 2000 tokens of
+# KV: ~117 GB); per batch, 32-token off + always calibration runs (and batch 1's once) whose step costs give the
+# simulator's predicted ratio per k before the auto runs (each run: predicted_throughput_ratio,
+# prediction_relative_error). Expected from 9a99c62's off throughputs (8.6k / 14.7k / 13.5k tok/s): 3 full runs
+# per batch x (7.4 + 17.4 + 33.2 s) = 174 s, + cold prefills ~20 s, + load and warm-up ~45 s, + calibration and
+# prediction ~15 s: ~255 s; up to ~300 s if the 1000-2000-token contexts slow decode steps by ~25% (limit 360 s,
+# BENCH1000_TIMEOUT; batches saved as they finish).
 set -uo pipefail
 OUT=${1:?usage: gpu_spec_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -40,5 +49,13 @@ if [[ "$STEPS" == *" draft "* ]]; then
     --batch-sizes 0 --ks 3 5 --acceptance 0.6 0.8 --batch1-prompts ${BATCH1_PROMPTS:-3} \
     --out "$OUT/spec_decode_h200_draft_cost_$C.json" 2>&1 | grep -vE "^\s*$" | tee "$OUT/spec_draft_cost_log_$C.txt" \
     | grep -E "^batch |wrote|Error|error" | tail -6
+fi
+if [[ "$STEPS" == *" bench1000 "* ]]; then
+  echo "== replay benchmark 1000 / 1000, off vs auto, with the simulator's prediction ($(date +%T))"
+  timeout ${BENCH1000_TIMEOUT:-360} $PY scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b \
+    --load-format dummy --input-len 1000 --output-len 1000 --batch-sizes ${BATCH_SIZES:-64 256 448} --ks 3 5 \
+    --throughput-acceptance 0.8 --policies auto --time-recording --batch1-prompts 0 --calibration-len 32 \
+    --gpu-memory-utilization 0.95 --out "$OUT/spec_decode_h200_replay1000_$C.json" 2>&1 | grep -vE "^\s*$" \
+    | tee "$OUT/spec_bench1000_log_$C.txt" | grep -E "^batch |\"predicted\":|wrote|Error|error" | tail -12
 fi
 echo "== done ($(date +%T))"

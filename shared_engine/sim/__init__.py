@@ -6,7 +6,8 @@
 Pieces, one per file: `hardware` (device profiles, data in `hardware_profiles/`), `calibration` (fit to a
 recorded step profile in `step_profiles/`), `step_time` (the roofline), `model_shape`, `distributions`,
 `arrivals`, `workload_spec` + `workload` (requests with real shared prefixes), `simulator`, `metrics`,
-`cost`, `report`. Imports no torch.
+`cost`, `report`; `spec_policy_sim` (a speculation policy's fixed-batch run at calibrated step costs). Imports
+no torch.
 """
 
 from shared_engine.sim.hardware import HardwareProfile, hardware_names, load_hardware
