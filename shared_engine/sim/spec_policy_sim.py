@@ -17,14 +17,19 @@ from types import SimpleNamespace
 
 import numpy as np
 
+# model_executor/cuda_graph_runner.py MAX_PREFILL_SEQS: a speculative step with at most this many drafting
+# requests replays a mixed graph (plain decodes + those requests as short prefill chunks); with more, a varlen
+# graph that runs every sequence of the step through the prefill kernel
+MIXED_MAX_SEQS = 8
+
 
 @dataclass(frozen=True)
 class SpecStepCosts:
     """Seconds per step: a plain decode step of `live` requests at `plain_s(live)` (linear between the measured
     batches in `plain`, flat beyond them), plus, for a step with drafts, `fixed_s + per_request_s * n +
-    per_draft_s * drafts` (n: requests drafting). `early_s[batch]`: the host time an early-resolved plain step
-    exposes (async scheduling hides it otherwise); `prefill_s[batch]`: the first step (the prompts' cached
-    prefill) at that batch."""
+    per_draft_s * drafts` (n: the requests drafting, or every live one beyond `MIXED_MAX_SEQS`: `step_s`).
+    `early_s[batch]`: the host time an early-resolved plain step exposes (async scheduling hides it otherwise);
+    `prefill_s[batch]`: the first step (the prompts' cached prefill) at that batch."""
 
     plain: dict[int, float]
     fixed_s: float
@@ -38,18 +43,24 @@ class SpecStepCosts:
         return float(np.interp(live, xs, [self.plain[x] for x in xs]))
 
     def step_s(self, live: int, num_drafting: int, num_drafts: int) -> float:
-        extra = (self.fixed_s + self.per_request_s * num_drafting + self.per_draft_s * num_drafts
-                 if num_drafts else 0.0)
-        return self.plain_s(live) + extra
+        """A step of `live` decodes, `num_drafting` of them with `num_drafts` drafts in all. Beyond
+        `MIXED_MAX_SEQS` drafting requests every sequence pays `per_request_s` (the step replays a varlen graph,
+        all its sequences through the prefill kernel); up to it only the drafting ones (they ride a mixed
+        graph's prefill part beside the plain decodes)."""
+        if not num_drafts:
+            return self.plain_s(live)
+        seqs = num_drafting if num_drafting <= MIXED_MAX_SEQS else live
+        return self.plain_s(live) + self.fixed_s + self.per_request_s * seqs + self.per_draft_s * num_drafts
 
     @classmethod
     def fit(cls, plain: dict[int, float], spec_steps: list[tuple[int, float, float, float]],
             early_s: dict[int, float] | None = None, prefill_s: dict[int, float] | None = None) -> SpecStepCosts:
         """From plain step seconds per batch and measured speculative steps (batch, mean requests drafting, mean
-        draft tokens, seconds per step): the extra over `plain_s(batch)` fitted as fixed + per request + per
-        draft token by non-negative least squares on relative errors (each point weighted by 1 / its seconds, so
-        batch 1's few milliseconds count as much as batch 448's hundred; a term the points cannot tell apart
-        comes out 0).
+        draft tokens, seconds per step; beyond `MIXED_MAX_SEQS` drafting requests, runs where every live request
+        drafts, as the policy `always`): the extra over the plain step at that many requests fitted as fixed +
+        per request + per draft token by non-negative least squares on relative errors (each point weighted by
+        1 / its seconds, so batch 1's few milliseconds count as much as batch 448's hundred; a term the points
+        cannot tell apart comes out 0).
 
         Raises:
             ValueError: no speculative step given.
@@ -61,7 +72,9 @@ class SpecStepCosts:
         probe = cls(dict(plain), 0.0, 0.0, 0.0, {}, {})
         weight = np.asarray([1.0 / s for *_, s in spec_steps])
         a = np.asarray([(1.0, n, d) for _, n, d, _ in spec_steps]) * weight[:, None]
-        b = np.asarray([max(s - probe.plain_s(batch), 0.0) for batch, _, _, s in spec_steps]) * weight
+        # beyond MIXED_MAX_SEQS a point's drafting requests are its live ones (`always`: every live one drafts)
+        b = np.asarray([max(s - probe.plain_s(n if n > MIXED_MAX_SEQS else batch), 0.0)
+                        for batch, n, _, s in spec_steps]) * weight
         (fixed, per_request, per_draft), _ = nnls(a, b)
         return cls(dict(plain), float(fixed), float(per_request), float(per_draft), dict(early_s or {}),
                    dict(prefill_s or {}))

@@ -24,10 +24,12 @@ request at k = 3 cost 2.6x a plain one at batch 64, 4.2x at 256 and 3.9x at 448 
 its extra cost growing with the drafting requests (about 0.2 ms each at 256 and 448) where a fixed c2 priced it
 as at batch 1 (1.3 ms). At 9a99c62 the probe (a step drafting while c2 is unknown) gave every request k, and
 throughput with the policy on was 0.94-1.01x of speculation off (4 of 6 below 0.98x). Now:
-- a probe drafts for at most `_PROBE_REQUESTS` (8) requests, those with the highest rates (at batch 448 with
-  k = 3 that step costs about 1.1x a plain one, not 3.9x), allowed only while the probes' steps so far take at
-  most `_PROBE_SHARE` (1%) of all observed step time (the first free; the next once the window has lost its
-  last speculative step);
+- a probe drafts for at most `_PROBE_REQUESTS` (8) requests, those with the highest rates, allowed only while
+  the probes' steps so far take at most `_PROBE_SHARE` (1%) of all observed step time (the first free; the next
+  once the window has lost its last speculative step). 8 is the CUDA graph runner's MAX_PREFILL_SEQS: such a
+  step replays a mixed graph (the drafting requests as short prefill chunks beside the plain decodes, about
+  1.1x a plain step at batch 448 in the simulation's calibration, not measured alone), where more drafting
+  requests make it a varlen graph that runs every sequence through the prefill kernel (the 3.9x above);
 - after a probe or a decision, the requests that draft may at most double per step (at least
   `_PROBE_REQUESTS`), so a mis-fit never makes the whole batch speculative at once, and each wider step gives
   the fit another D (so c2 and c3 apart);
@@ -52,7 +54,7 @@ _PRIOR_DRAFTS = 4
 _PRIOR_RATE = 0.5
 _ITERATIONS = 4
 _PROBE_SHARE = 0.01  # of observed step time, the most that probes (steps drafting with c2 unknown) may take
-_PROBE_REQUESTS = 8  # the most requests a probe drafts for, and the least that widening allows
+_PROBE_REQUESTS = 8  # the most requests a probe drafts for, and the least that widening allows (= MAX_PREFILL_SEQS)
 
 
 def expected_tokens(rate: float, k: int) -> float:
