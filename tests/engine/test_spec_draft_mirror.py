@@ -25,7 +25,8 @@ class _WindowPolicy:
         self.calls += 1
         return [0 if self.calls - 1 in self.off else K] * len(requests)
 
-    def observe_step(self, num_tokens: int, speculative: bool, seconds: float) -> None:
+    def observe_step(self, num_tokens: int, speculative: bool, seconds: float,
+                     num_draft_tokens: int | None = None) -> None:
         pass
 
 
