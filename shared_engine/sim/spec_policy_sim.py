@@ -65,8 +65,6 @@ class SpecStepCosts:
         Raises:
             ValueError: no speculative step given.
         """
-        from scipy.optimize import nnls
-
         if not spec_steps:
             raise ValueError("no speculative steps to calibrate from")
         probe = cls(dict(plain), 0.0, 0.0, 0.0, {}, {})
@@ -75,9 +73,27 @@ class SpecStepCosts:
         # beyond MIXED_MAX_SEQS a point's drafting requests are its live ones (`always`: every live one drafts)
         b = np.asarray([max(s - probe.plain_s(n if n > MIXED_MAX_SEQS else batch), 0.0)
                         for batch, n, _, s in spec_steps]) * weight
-        (fixed, per_request, per_draft), _ = nnls(a, b)
+        fixed, per_request, per_draft = _nonnegative_least_squares(a, b)
         return cls(dict(plain), float(fixed), float(per_request), float(per_draft), dict(early_s or {}),
                    dict(prefill_s or {}))
+
+
+def _nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> list[float]:
+    """argmin |a x - b| over x >= 0, for a few columns: the best of the least-squares fits on every subset of
+    the columns whose coefficients are all >= 0 (the others 0); numpy only (scipy is a test dependency)."""
+    columns = a.shape[1]
+    best, best_residual = [0.0] * columns, float(np.sum(b * b))
+    for mask in range(1, 2 ** columns):
+        chosen = [j for j in range(columns) if mask >> j & 1]
+        coef = np.linalg.lstsq(a[:, chosen], b, rcond=None)[0]
+        if np.any(coef < 0):
+            continue
+        residual = float(np.sum((a[:, chosen] @ coef - b) ** 2))
+        if residual < best_residual - 1e-18:
+            best, best_residual = [0.0] * columns, residual
+            for j, c in zip(chosen, coef):
+                best[j] = float(c)
+    return best
 
 
 @dataclass

@@ -56,3 +56,17 @@ def test_off_simulation_is_plain_steps():
     run = simulate(None, 64, 100, costs, 0.8)
     assert run["steps"] == 99 and run["spec_steps"] == 0
     assert run["seconds"] == pytest.approx(0.012 + 99 * 0.008)
+
+
+def test_nonnegative_least_squares_matches_scipy():
+    import numpy as np
+    from scipy.optimize import nnls
+
+    from shared_engine.sim.spec_policy_sim import _nonnegative_least_squares
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        a, b = rng.random((6, 3)), rng.normal(size=6)
+        ours = np.asarray(_nonnegative_least_squares(a, b))
+        assert (ours >= 0).all()
+        assert np.linalg.norm(a @ ours - b) == pytest.approx(np.linalg.norm(a @ nnls(a, b)[0] - b), abs=1e-9)
