@@ -3,10 +3,11 @@
 
 Per request: the bearer key names the tenant (401 otherwise), the body is rewritten (proxy.py: the tenant's
 adapter, cache salt, tenant and priority), the tenant's limits admit it (limiter.py: 429 + `Retry-After`), and
-the engine's answer is relayed: JSON as is, a stream line by line (SSE). Whatever ends the request, its
-concurrency slot is released once, in `_finish` (completion, client disconnect, engine error or timeout), and
-the per-tenant metrics (metrics.py) are updated. An engine that cannot be reached is a 502; an engine error is
-passed on with its own status and envelope.
+the engine's answer is relayed: JSON as is, a stream event by event as it arrives (SSE, relay.py). Whatever
+ends the request, its concurrency slot is released once, in `_finish` (completion, client disconnect, engine
+error or timeout), and the per-tenant metrics (metrics.py) are updated. An engine that cannot be reached is a
+502; an engine error is passed on with its own status and envelope. The engine connection pool
+(`engine_max_connections`) is larger than all open streams, so no request waits for a connection.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .errors import GatewayError, error_body
 from .limiter import Lease, TenantLimiter, storage_from_uri
 from .metrics import GatewayMetrics
 from .proxy import parse_body, rewrite_body, used_tokens
+from .relay import SseRelay
 from .settings import GatewaySettings
 from .tenants import Tenant, TenantRegistry
 
@@ -137,30 +139,25 @@ class Gateway:
                              media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def _relay(self, upstream: httpx.Response, tenant: Tenant, plan, state: dict, arrived: float):
-        """The engine's SSE lines, one event each; the usage chunk kept for the metrics (and dropped unless the
-        client asked for it); an engine that breaks off mid-stream ends it with an error frame."""
-        first = True
+        """The engine's SSE events, relayed as they arrive (relay.py: only the first token, usage and error
+        chunks are parsed); the usage chunk kept for the metrics (and dropped unless the client asked for it);
+        an engine that breaks off mid-stream ends it with an error frame."""
+        ttft = self.metrics.ttft.labels(tenant.name)
+        relay = SseRelay(plan.client_wants_usage, lambda: ttft.observe(time.monotonic() - arrived))
         try:
-            async for line in upstream.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                payload = line[6:]
-                if payload != "[DONE]":
-                    chunk = json.loads(payload)
-                    if chunk.get("usage"):
-                        state["usage"] = chunk["usage"]
-                        if not plan.client_wants_usage and chunk.get("choices") == []:
-                            continue
-                        if not plan.client_wants_usage:
-                            chunk["usage"] = None
-                            payload = json.dumps(chunk)
-                    if "error" in chunk:
-                        state["status"] = str(chunk["error"].get("code") or 500)
-                    elif first and any(c.get("delta", {}).get("content") or c.get("text")
-                                       for c in chunk.get("choices") or []):  # a token, not the role chunk
-                        first = False
-                        self.metrics.ttft.labels(tenant.name).observe(time.monotonic() - arrived)
-                yield f"data: {payload}\n\n"
+            async for data in upstream.aiter_bytes():
+                out = relay.feed(data)
+                state["usage"] = relay.usage
+                if relay.status is not None:
+                    state["status"] = relay.status
+                if out:
+                    yield out
+            out = relay.close()
+            state["usage"] = relay.usage
+            if relay.status is not None:
+                state["status"] = relay.status
+            if out:
+                yield out
         except (httpx.HTTPError, ValueError) as e:
             state["status"] = "502"
             yield f"data: {json.dumps(error_body(502, f'the engine stream broke off: {type(e).__name__}'))}\n\n"
@@ -175,7 +172,8 @@ def create_app(settings: GatewaySettings, tenants: TenantRegistry | None = None,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         timeout = httpx.Timeout(settings.engine_timeout_s, connect=10.0)
-        pool = httpx.Limits(max_connections=2048, max_keepalive_connections=256)
+        pool = httpx.Limits(max_connections=settings.engine_max_connections,
+                            max_keepalive_connections=min(256, settings.engine_max_connections))
         async with httpx.AsyncClient(base_url=settings.engine_url, timeout=timeout, limits=pool) as client:
             app.state.gateway = Gateway(settings, tenants, limiter, metrics, client)
             yield

@@ -10,6 +10,7 @@
 | `GATEWAY_DEFAULT_MAX_TOKENS` | 256 | `max_tokens` for a request that names none (the token limit reserves it) |
 | `GATEWAY_MAX_BODY_BYTES` | 1048576 | larger bodies get 413 |
 | `GATEWAY_ENGINE_TIMEOUT_S` | 600 | read timeout towards the engine |
+| `GATEWAY_ENGINE_MAX_CONNECTIONS` | 2048 | engine connections: each open stream holds one (past it, requests wait) |
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ class GatewaySettings:
     default_max_tokens: int = 256
     max_body_bytes: int = 1 << 20
     engine_timeout_s: float = 600.0
+    engine_max_connections: int = 2048
 
     def __post_init__(self) -> None:
         if not 1 <= self.default_max_tokens <= 1 << 20:
             raise ValueError(f"GATEWAY_DEFAULT_MAX_TOKENS must be in [1, 2^20], got {self.default_max_tokens}")
+        if self.engine_max_connections < 1:
+            raise ValueError(f"GATEWAY_ENGINE_MAX_CONNECTIONS must be at least 1, got {self.engine_max_connections}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"GATEWAY_MAX_BODY_BYTES must be at least 1024, got {self.max_body_bytes}")
         if not self.limits_storage_uri.startswith(("memory://", "redis://", "rediss://", "redis+sentinel://")):
@@ -51,7 +55,8 @@ class GatewaySettings:
                   "cache_salt_secret": get("GATEWAY_CACHE_SALT_SECRET")}
         for name, field, kind in (("GATEWAY_DEFAULT_MAX_TOKENS", "default_max_tokens", int),
                                   ("GATEWAY_MAX_BODY_BYTES", "max_body_bytes", int),
-                                  ("GATEWAY_ENGINE_TIMEOUT_S", "engine_timeout_s", float)):
+                                  ("GATEWAY_ENGINE_TIMEOUT_S", "engine_timeout_s", float),
+                                  ("GATEWAY_ENGINE_MAX_CONNECTIONS", "engine_max_connections", int)):
             if get(name):
                 kwargs[field] = kind(get(name))
         return cls(**{k: v for k, v in kwargs.items() if v is not None})
