@@ -52,8 +52,9 @@ WHALES = ["whale0", "whale1"]
 
 
 # ---- the fake engine ---------------------------------------------------------------------------------------
-def fake_engine_app(step_s: float):
-    """The engine's OpenAI streaming on a shared step clock (module docstring)."""
+def fake_engine_app(step_s: float, chunks: str = "models"):
+    """The engine's OpenAI streaming on a shared step clock (module docstring); `chunks` "models": token
+    chunks built as pydantic models and dumped (the server before 2026-12-02), "plain": `ChatContentChunks`."""
     from shared_engine.entrypoints.openai.protocol import ChatChunkChoice, ChatCompletionChunk, DeltaMessage, Usage
     from shared_engine.entrypoints.openai.streaming import DONE, sse
 
@@ -76,6 +77,9 @@ def fake_engine_app(step_s: float):
     app = FastAPI(lifespan=lifespan)
 
     def chunk(rid: str, model: str, created: int, delta: DeltaMessage, finish=None, usage=None) -> str:
+        if chunks == "plain" and usage is None and delta.role is None:
+            from shared_engine.entrypoints.openai.streaming import ChatContentChunks
+            return ChatContentChunks(rid, created, model).content(0, delta.content, finish, None)
         choices = [] if usage is not None else [ChatChunkChoice(index=0, delta=delta, finish_reason=finish)]
         return sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=usage))
 
@@ -120,7 +124,7 @@ def serve_child(role: str, port: int, args: argparse.Namespace) -> None:
     import uvicorn
 
     if role == "engine":
-        app = fake_engine_app(args.step_ms / 1000)
+        app = fake_engine_app(args.step_ms / 1000, args.engine_chunks)
     else:
         from case_multilora.app.server import create_app
         from case_multilora.app.settings import GatewaySettings
@@ -145,7 +149,7 @@ def serve_child(role: str, port: int, args: argparse.Namespace) -> None:
 def start(role: str, args: argparse.Namespace, env: dict | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, __file__, "--serve", role, "--port", str(port), "--step-ms", str(args.step_ms),
-           "--http", args.http, "--loop", args.loop]
+           "--http", args.http, "--loop", args.loop, "--engine-chunks", args.engine_chunks]
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -283,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--http", default="h11", choices=["h11", "httptools", "auto"])
     p.add_argument("--loop", default="asyncio", choices=["asyncio", "uvloop", "auto"])
     p.add_argument("--targets", default="direct,gateway")
+    p.add_argument("--engine-chunks", default="models", choices=["models", "plain"],
+                   help="the fake engine's token chunks: pydantic models (as before ChatContentChunks) or plain")
     p.add_argument("--profile-gateway", type=Path, default=None, help="cProfile the gateway process to this file")
     p.add_argument("--probe-s", type=float, default=4.0,
                    help="with whales on: the servers' CPU per whale chunk over this long, before the users start")

@@ -27,7 +27,7 @@ from shared_engine.entrypoints.openai.protocol import (
 from shared_engine.entrypoints.openai.protocol_tools import DeltaFunctionCall, DeltaToolCall
 from shared_engine.entrypoints.openai.request_limits import check_prompt_tokens
 from shared_engine.entrypoints.openai.serving_base import ServingContext, event_stream, usage
-from shared_engine.entrypoints.openai.streaming import DONE, ChoiceCursor, sse, visible_text
+from shared_engine.entrypoints.openai.streaming import DONE, ChatContentChunks, ChoiceCursor, sse, visible_text
 from shared_engine.entrypoints.openai.structured import named_tool, structured_outputs, tool_mode
 from shared_engine.entrypoints.openai.tool_calls import calls_from_json, held_back, parse_tool_calls
 from shared_engine.outputs import CompletionOutput
@@ -119,6 +119,7 @@ class ServingChat:
                      for i in range(req.n)])
         cursors: dict[int, ChoiceCursor] = {}
         tools: dict[int, _ToolStream] = {}
+        plain = ChatContentChunks(base_id, created, model) if mode is None and k is None else None
         final = None
         async with run.abort_on_disconnect(request):
             try:
@@ -128,7 +129,11 @@ class ServingChat:
                         delta = cursors.setdefault(c.index, ChoiceCursor()).advance(c)
                         if delta is None:
                             continue
-                        message, finish = DeltaMessage(content=delta.text or None), delta.finish_reason
+                        message, finish = delta.text or None, delta.finish_reason
+                        if plain is not None:  # no tools, no logprobs: the chunk without the models
+                            yield plain.content(c.index, message, finish, c.stop_reason if finish else None)
+                            continue
+                        message = DeltaMessage(content=message)
                         if mode is not None:
                             stream = tools.setdefault(c.index, _ToolStream(req, mode))
                             message = stream.advance(delta.text, finish is not None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 
 from pydantic import BaseModel
 
@@ -25,6 +26,33 @@ SSE_MEDIA_TYPE = "text/event-stream"
 def sse(payload: BaseModel | dict) -> str:
     body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
     return f"data: {json.dumps(body, ensure_ascii=False, allow_nan=False)}\n\n"
+
+
+def _json(value: str | int | None) -> str:
+    """`json.dumps(value, ensure_ascii=False)` for a str, an int or None, without the encoder's set-up."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return encode_basestring(value)
+    return str(int(value))
+
+
+class ChatContentChunks:
+    """One stream's token chunks without the pydantic models: `content(...)` is exactly
+    `sse(ChatCompletionChunk(id=.., created=.., model=.., choices=[ChatChunkChoice(index=.., delta=DeltaMessage(
+    content=text), finish_reason=.., stop_reason=..)]))` (no role, tool calls or logprobs), at a fraction of
+    the models' build and dump, for every token of every stream on the server's event loop
+    (tests/server/test_chat_content_chunks.py)."""
+
+    def __init__(self, chunk_id: str, created: int, model: str) -> None:
+        head = json.dumps({"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model},
+                          ensure_ascii=False)
+        self._head = f'data: {head[:-1]}, "choices": [{{"index": '
+
+    def content(self, index: int, text: str | None, finish_reason: str | None, stop_reason: int | str | None) -> str:
+        return (f'{self._head}{index}, "delta": {{"role": null, "content": {_json(text)}, "tool_calls": null}}, '
+                f'"logprobs": null, "finish_reason": {_json(finish_reason)}, "stop_reason": {_json(stop_reason)}}}], '
+                '"usage": null}\n\n')
 
 
 def visible_text(choice: CompletionOutput) -> str:
