@@ -88,7 +88,7 @@ def warm_up(engine_url: str, work: Path, profile: dict, shape: LoadShape, warmup
 
 def record(variant: str, config: dict, adapters: dict, tenants_yaml: Path, profile: dict, shape: LoadShape,
            measured: dict, out: Path, command: str) -> None:
-    result = {"variant": variant, "command": command, "environment": environment(),
+    result = {"variant": variant, "command": command, "environment": environment(), "http_stack": http_stack(),
               "load_average_before": measured["load_average_before"], "engine_config": config,
               "adapters": {n: p.name for n, p in adapters.items()},
               "tenants": yaml.safe_load(tenants_yaml.read_text())["tenants"], "profile": PROFILE,
@@ -100,6 +100,14 @@ def record(variant: str, config: dict, adapters: dict, tenants_yaml: Path, profi
     s = measured["summary"]["well-behaved"]
     print(f"[{variant}] well-behaved p99 TTFT {s['p99_ttft_ms']} ms, median {s['median_ttft_ms']} ms, "
           f"{s['statuses']}; whales {measured['summary']['whale']['statuses']}; wrote {out}", flush=True)
+
+
+def http_stack() -> dict:
+    """What uvicorn runs the engine's server and the gateway on (its `auto` picks uvloop and httptools where
+    importable; without them asyncio's own loop and h11 cost each SSE chunk more: http_path_bench.py)."""
+    from importlib.util import find_spec
+
+    return {"uvloop": find_spec("uvloop") is not None, "httptools": find_spec("httptools") is not None}
 
 
 def engine_config(name: str, model: str | None, dtype: str | None, tokenizer: Path, sets: list[str]) -> dict:
@@ -154,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="multilora-h200q-"))
     for name in ("fix", "first", "warmup"):
         (work / name).mkdir(parents=True, exist_ok=True)
+    print(f"http stack (uvicorn auto): {http_stack()}", flush=True)
     started = time.monotonic()
     for engine_name, variants in (("the_fix", ("isolated", "the_fix")), ("first_attempt", ("first_attempt",))):
         config = engine_config(engine_name, args.model, args.dtype, args.tokenizer, args.engine_set)

@@ -4,6 +4,9 @@
 # carry: .wheels_h200 (fastapi, pydantic(+core), starlette, annotated-types, typing-inspection,
 # typing-extensions, opentelemetry-api AND uvicorn, limits, deprecated: the engine's and the gateway's HTTP
 # stack; the device has httpx, click, h11, wrapt, packaging) and h200_tokenizer (SmolLM2's tokenizer files).
+# Optional in WHEELS: uvloop and httptools (cp312 manylinux): uvicorn then runs both servers on them instead of
+# asyncio's loop and h11, about a quarter less CPU per SSE chunk (loadtest/http_path_bench.json); the results'
+# `http_stack` says which ran.
 # 1. packages from WHEELS if missing, then every import the run needs (fails in seconds, before any GPU work);
 # 2. 30 random adapters of ranks 8/16/64 (10 each, q/k/v/o, bf16) with llama-3.1-8b's shapes (~15 s);
 # 3. SmolLM2's tokenizer widened to llama-3.1-8b's 128,256 ids (wide_tokenizer.py: every sampled id is text);
