@@ -14,6 +14,7 @@ async_users.py does) and end-to-end time. Four cells: {direct to the fake engine
     nice -n 19 python case_multilora/loadtest/http_path_bench.py --whales 64 --step-ms 25 \
         --out case_multilora/loadtest/http_path_bench.json --label after
 
+`--relay-only`: just the relay step's CPU per chunk, the old per-line relay against relay.py (no servers).
 `--http h11 --loop asyncio` (the default) is what the H200 device runs (no uvloop or httptools there: see
 h200_quick.sh); `--http httptools --loop uvloop` where they are installed. Times in ms. What it cannot show:
 the real engine core's IPC and detokenisation, and the H200 host's 16 free cores (here every process shares
@@ -275,6 +276,53 @@ def cell(url: str, args: argparse.Namespace, whales: int, servers: dict[str, int
             "e2e_ms_p50": quantile([r["e2e_ms"] for r in rows], 0.5)}
 
 
+def relay_only(repeats: int = 40) -> dict:
+    """CPU microseconds per chunk of the gateway's relay step alone (no sockets): the per-line relay it had
+    until 2026-12-02 (httpx aiter_lines, json.loads of every chunk) against relay.py's, on one 256-token stream
+    read one event at a time (an engine step's token each)."""
+    from case_multilora.app.relay import SseRelay
+    from shared_engine.entrypoints.openai.protocol import ChatChunkChoice, ChatCompletionChunk, DeltaMessage, Usage
+    from shared_engine.entrypoints.openai.streaming import DONE, sse
+
+    def event(delta=None, usage=None) -> bytes:
+        choices = [] if usage else [ChatChunkChoice(index=0, delta=delta)]
+        return sse(ChatCompletionChunk(id="chatcmpl-x", created=1, model="t3", choices=choices, usage=usage)).encode()
+
+    events = [event(DeltaMessage(role="assistant", content=""))] + [event(DeltaMessage(content=" tok"))] * 256
+    events += [event(usage=Usage(prompt_tokens=3, completion_tokens=256, total_tokens=259)), DONE.encode()]
+
+    class Body(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            for e in events:
+                yield e
+
+    async def per_line() -> None:
+        first = True
+        async for line in httpx.Response(200, stream=Body()).aiter_lines():
+            if line.startswith("data: ") and line[6:] != "[DONE]":
+                chunk = json.loads(line[6:])
+                if chunk.get("usage") and chunk.get("choices") == []:
+                    continue
+                if "error" not in chunk and first and any(c.get("delta", {}).get("content")
+                                                          for c in chunk.get("choices") or []):
+                    first = False
+                f"data: {line[6:]}\n\n".encode()
+
+    async def relay_py() -> None:
+        relay = SseRelay(False, lambda: None)
+        async for data in httpx.Response(200, stream=Body()).aiter_bytes():
+            relay.feed(data)
+        relay.close()
+
+    out = {}
+    for name, fn in (("per_line", per_line), ("relay_py", relay_py)) * 2:  # the second round counts
+        t = time.process_time()
+        for _ in range(repeats):
+            asyncio.run(fn())
+        out[name] = round((time.process_time() - t) * 1e6 / (repeats * len(events)), 1)
+    return {"relay_cpu_us_per_chunk": out}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--whales", type=int, default=64, help="whale streams held open")
@@ -296,7 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="append this run to a results JSON")
     p.add_argument("--serve", choices=["engine", "gateway"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--relay-only", action="store_true", help="just the relay step's CPU per chunk, old vs relay.py")
     args = p.parse_args(argv)
+    if args.relay_only:
+        print(json.dumps(relay_only()))
+        return 0
     if args.serve:
         serve_child(args.serve, args.port, args)
         return 0
