@@ -53,6 +53,9 @@ class Admission:
                 lora_blocked = True  # see this module's docstring: nothing with an adapter passes it
                 deferred.append(self.waiting.popleft())
                 continue
+            if caps.full_for(_least_uncached(request.num_tokens, bm.block_size)):
+                deferred.append(self.waiting.popleft())  # no prefill slot even at its longest possible hit:
+                continue  # deferred as below, without its prefix lookup
             cached = bm.find_cached_prefix(request)
             if bm.is_prefix_pending(request, cached.num_blocks):
                 deferred.append(self.waiting.popleft())  # its prefix is being computed: reuse it next step
@@ -117,3 +120,9 @@ class Admission:
         num_cached = cached.num_blocks
         needed = bm.blocks_for_tokens(num_cached * bm.block_size + num_new) - num_cached + bm.num_revived(cached)
         return needed + self._watermark_blocks <= bm.num_free_blocks
+
+
+def _least_uncached(num_tokens: int, block_size: int) -> int:
+    """The fewest uncached tokens a prompt of `num_tokens` can have: a prefix hit covers at most its
+    `(num_tokens - 1) // block_size` first full blocks (`BlockManager.find_cached_prefix`)."""
+    return num_tokens - (num_tokens - 1) // block_size * block_size

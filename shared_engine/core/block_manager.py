@@ -233,9 +233,12 @@ class BlockManager(SessionPinOps, KVOffloadPlan):
         if now is not None and self.pins.ttl > 0 and request.session_id is not None:
             self._pin_prefix(request.session_id, table, now)
         self._drop_refs(table)
-        for h in [h for h, owner in self._pending.items() if owner == rid] if self._pending else []:
-            del self._pending[h]
-        self._request_hashes.pop(rid, None)
+        hashes = self._request_hashes.pop(rid, ())
+        if self._pending:  # its pending entries are among its own hashes (`_mark_pending`): not a scan of all
+            pending = self._pending
+            for h in hashes:
+                if pending.get(h) == rid:
+                    del pending[h]
         self._num_registered.pop(rid, None)
 
     def reset_prefix_cache(self) -> None:
@@ -283,7 +286,8 @@ class BlockManager(SessionPinOps, KVOffloadPlan):
         return block
 
     def _hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
-        """Chained hashes of the request's first `num_blocks` full blocks (computed once, then extended)."""
+        """Chained hashes of the request's first `num_blocks` full blocks (computed once, then extended). Read
+        only: it may be the request's cached list itself."""
         hashes = self._request_hashes.setdefault(request.request_id, [])
         done = len(hashes)
         if done < num_blocks:
@@ -296,7 +300,8 @@ class BlockManager(SessionPinOps, KVOffloadPlan):
                 parent = hash_block(self._hash_fn, parent, tokens[start:start + bs], extra)
                 hashes.append(parent)
                 extra = None  # extra keys go into the first block only
-        return hashes[:num_blocks]
+        # the list itself when it is exactly as long (callers only read it): no copy per lookup
+        return hashes if len(hashes) == num_blocks else hashes[:num_blocks]
 
     def _mark_pending(self, request: Request, num_blocks: int) -> None:
         full = min(num_blocks, request.num_prompt_tokens // self.block_size)

@@ -62,6 +62,12 @@ class PartialPrefillCaps:
             return False
         return not (self.max_long is not None and self.is_long(remaining) and self.num_long >= self.max_long)
 
+    def full_for(self, least_remaining: int) -> bool:
+        """Whether no waiting request with at least `least_remaining` uncached tokens can start its prefill
+        this step (`admits` is False for all of them): the partial-prefill slots are taken. Lets admission
+        defer such a request without looking up its cached prefix."""
+        return least_remaining > 1 and self.max_partial is not None and self.num_partial >= self.max_partial
+
     def add(self, remaining: int) -> None:
         if remaining <= 1:
             return
@@ -73,6 +79,10 @@ class _NoCaps:
     @staticmethod
     def admits(remaining: int) -> bool:
         return True
+
+    @staticmethod
+    def full_for(least_remaining: int) -> bool:
+        return False
 
     @staticmethod
     def add(remaining: int) -> None:
