@@ -194,7 +194,7 @@ def drain(args) -> dict:
         if order == "longest_first":
             entry["h200_c518670_finished_over_simulated"] = {
                 str(t): {"measured": m, "simulated": finished_by(t), "ratio": m / max(finished_by(t), 1)}
-                for t, m in H200_C518670.items()}
+                for t, m in H200_C518670.items() if t <= now}  # past the simulated end the ratio says nothing
         result["orders"][order] = entry
         print(f"{order}: {now:.1f} simulated s, {entry['tickets_per_s']:.1f} tickets/s, per minute "
               f"{[round(r) for r in entry['tickets_per_s_each_minute']]}, preemptions {entry['preemptions']}",
