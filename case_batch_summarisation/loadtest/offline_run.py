@@ -47,7 +47,8 @@ def build_llm(args):
     from shared_engine import LLM
 
     settings = yaml.safe_load(Path(args.config).read_text()) or {}
-    for key in ("load_format", "tokenizer", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
+    for key in ("load_format", "tokenizer", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory",
+                "quantization", "kv_cache_dtype"):
         if getattr(args, key, None) is not None:
             settings[key] = getattr(args, key)
     name = settings.pop("served_model_name", "ticket-summariser")
@@ -61,12 +62,20 @@ def night(path: Path, args, n: int, start: int) -> Path:
 
 
 def prefill_compute_s(arch, prompt_tokens_per_ticket: float, cached_per_ticket: float, tickets: int,
-                      matmul_flops: float) -> float:
-    """Matmul + attention FLOPs of the computed prompt tokens (each attends to the cached prefix too)."""
+                      matmul_flops: float, linear_matmul_flops: float | None = None) -> float:
+    """Seconds of matmul + attention FLOPs of the computed prompt tokens (each attends to the cached prefix
+    too): the decoder's linear layers for every computed token at `linear_matmul_flops` (FLOP/s; the FP8 rate
+    under `--quantization fp8`, default `matmul_flops`), one LM-head row per ticket (its first output token's
+    logits; the other prompt positions compute none) and attention at `matmul_flops`. Embedding lookups are no
+    matmul and are left out."""
+    from benchmarks.roofline import linear_parameters
+
     new = prompt_tokens_per_ticket - cached_per_ticket
     pairs = new * cached_per_ticket + new * new / 2
-    flops = tickets * (2 * arch.num_parameters * new + 4 * arch.num_layers * arch.num_heads * arch.head_dim * pairs)
-    return flops / matmul_flops
+    linear = tickets * 2 * linear_parameters(arch) * new
+    rest = tickets * (2 * arch.vocab_size * arch.hidden_size
+                      + 4 * arch.num_layers * arch.num_heads * arch.head_dim * pairs)
+    return linear / (linear_matmul_flops or matmul_flops) + rest / matmul_flops
 
 
 class Partial:
@@ -110,16 +119,36 @@ def roofline(llm, summary, tickets: int, ceilings: dict) -> dict:
 
     engine = llm.engine
     per_in = summary.prefill_tokens / tickets
+    fp8 = fp8_terms(engine, ceilings)
     bound = offline_roofline(engine.source.arch, engine.runner.dtype_name, tickets, per_in,
                              summary.completion_tokens / tickets,
                              engine.block_manager.num_blocks * engine.block_manager.block_size,
                              engine.config.scheduler.max_num_seqs, ceilings["copy_bandwidth_bytes_per_s"],
-                             ceilings["matmul_bf16_flops_per_s"])
+                             ceilings["matmul_bf16_flops_per_s"], **fp8)
+    linear_rate = fp8["fp8_matmul_flops"] if fp8.get("weight_dtype") == "fp8" else None
     pre_s = prefill_compute_s(engine.source.arch, summary.prompt_tokens / tickets,
-                              summary.cached_prompt_tokens / tickets, tickets, ceilings["matmul_bf16_flops_per_s"])
+                              summary.cached_prompt_tokens / tickets, tickets, ceilings["matmul_bf16_flops_per_s"],
+                              linear_rate)
     return {**ceilings, **bound, "prompt_tokens_per_ticket_in_bound": per_in, "prefill_compute_bound_s": pre_s,
             "fraction_of_roofline": bound["bound_time_s"] / summary.elapsed_s,
             "fraction_of_prefill_compute_bound": pre_s / summary.elapsed_s}
+
+
+def fp8_terms(engine, ceilings: dict) -> dict:
+    """offline_roofline's FP8 arguments for the engine's config: FP8 KV bytes under `kv_cache_dtype` fp8, FP8
+    linear weights (bytes and the measured `matmul_fp8_flops_per_s`) under `quantization` fp8.
+
+    Raises:
+        ValueError: FP8 weights but no measured FP8 rate in `ceilings`.
+    """
+    out = {}
+    if engine.config.cache.kv_cache_dtype != "auto":
+        out["kv_cache_dtype"] = "fp8"
+    if engine.config.model.quantization == "fp8":
+        if "matmul_fp8_flops_per_s" not in ceilings:
+            raise ValueError("FP8 weights: the device ceilings hold no measured FP8 matmul rate")
+        out.update(weight_dtype="fp8", fp8_matmul_flops=ceilings["matmul_fp8_flops_per_s"])
+    return out
 
 
 def roofline_rate(llm, warm, ceilings: dict, efficiency: float, tickets: int = 10_000) -> float:
@@ -133,7 +162,7 @@ def roofline_rate(llm, warm, ceilings: dict, efficiency: float, tickets: int = 1
                              rl["prompt_tokens_per_ticket_in_bound"], warm.completion_tokens / warm.num_rows,
                              engine.block_manager.num_blocks * engine.block_manager.block_size,
                              engine.config.scheduler.max_num_seqs, ceilings["copy_bandwidth_bytes_per_s"],
-                             ceilings["matmul_bf16_flops_per_s"])
+                             ceilings["matmul_bf16_flops_per_s"], **fp8_terms(engine, ceilings))
     return efficiency * tickets / bound["bound_time_s"]
 
 
@@ -146,6 +175,8 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--kv-cache-memory", type=int, default=None)
+    p.add_argument("--quantization", default=None, choices=["fp8"], help="FP8 weights (online, per channel)")
+    p.add_argument("--kv-cache-dtype", default=None, choices=["auto", "fp8"])
     p.add_argument("--num-tickets", type=int, default=20000)
     p.add_argument("--warmup-tickets", type=int, default=300)
     p.add_argument("--time-budget-s", type=float, default=None, help="size the main run to fit this")
