@@ -1,4 +1,4 @@
-"""`FusedProposal`: a draft model's greedy proposal of n steps (n = 2..k) as one CUDA graph replay.
+"""`FusedProposal`: a draft model's greedy proposal of n decode-shaped steps (n = 1..k) as one CUDA graph replay.
 
 Why: `DraftModelRunner.propose` ran each draft step as its own decode-graph replay, with the host building
 that step's inputs (numpy, seven host-to-device copies, the graph's buffer copies, the logits and argmax
@@ -9,7 +9,9 @@ the first step's inputs are built. Here the host fills the decode graph's static
 inputs) and replays one graph that runs all n steps: step j > 0 takes step j - 1's argmax as its input id,
 advances each real row's position and context length by one and computes its KV slot from its block table on
 the device (`advance`). Rows past the proposal's requests are padding (slot -1: no KV write, context 1,
-position 0, never advanced).
+position 0, never advanced). A proposal that owes verified positions (after a speculative step) runs its
+step 0 as a forward of its own (draft_model_runner.py) and replays the graph of n = k - 1 steps after it,
+from step 0's drafts on the device.
 
 Greedy only (every draft the draft model's argmax, as `DraftSampler.draw` gives greedy requests): a proposal
 with a random request, requests with different draft caps, more requests than `FUSED_MAX_BATCH`, or a block
@@ -84,7 +86,8 @@ def run_steps(model, graphs, kv_caches, backend, rows: int, steps: int, block_si
 
 class FusedProposal:
     """CUDA graphs of `run_steps`, one per (rows, steps) for the draft's decode graph sizes up to
-    FUSED_MAX_BATCH and steps 2..k, in the memory pool of the draft's own graphs (`graphs`)."""
+    FUSED_MAX_BATCH and steps 1..k (k when a proposal owes no verified positions, fewer after its step 0), in
+    the memory pool of the draft's own graphs (`graphs`)."""
 
     def __init__(self, model, graphs, kv_caches, backend, k: int, block_size: int, device: torch.device) -> None:
         self.graphs_runner = graphs
@@ -94,7 +97,7 @@ class FusedProposal:
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         pool = next(iter(graphs.graphs.values())).pool() if graphs.graphs else None
         for rows in reversed(self.sizes):
-            for steps in range(k, 1, -1):
+            for steps in range(k, 0, -1):
                 self._padding(rows)
                 args = (model, graphs, kv_caches, backend, rows, steps, block_size,
                         lambda _j, rows=rows: graphs._meta(rows, 0, False))
@@ -115,7 +118,7 @@ class FusedProposal:
 
     def select(self, n: int, steps: int, table_width: int) -> tuple[int, int] | None:
         """The graph for n requests and `steps` draft steps, or None (the step-by-step path)."""
-        if steps < 2 or table_width > self.graphs_runner.block_tables.shape[1]:
+        if steps < 1 or table_width > self.graphs_runner.block_tables.shape[1]:
             return None
         rows = next((s for s in self.sizes if s >= n), None)
         return None if rows is None or (rows, steps) not in self.graphs else (rows, steps)

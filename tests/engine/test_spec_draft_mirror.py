@@ -78,3 +78,42 @@ def test_mirror_skipped_while_off_and_caught_up(default_model_dir):
     assert draft.num_caught_up_tokens - caught >= 16  # the hit blocks from the first stale one on
     assert stats.num_accepted_tokens_total - accepted >= 0.9 * (stats.num_draft_tokens_total - drafted)
     assert max(sizes) <= 32
+
+
+def test_speculative_steps_run_no_mirror_forward(default_model_dir):
+    """A speculative step's verified positions get their draft KV in the next proposal's first draft step: the
+    draft runs forwards only for prompt chunks (the mirror) and k per proposal, never one per verify step;
+    every draft still reads the right KV (the model as its own draft accepts nearly everything) and greedy
+    outputs equal speculation off, also when a second call hits the prefix cache."""
+    llm = LLM(max_model_len=512, kv_cache_memory=64 * 2**20, max_num_batched_tokens=64, speculative_config={
+        "method": "draft_model", "model": str(default_model_dir), "num_speculative_tokens": K, "policy": "always"})
+    engine, spec = llm.engine, llm.engine.spec
+    draft = engine.runner.draft_runner
+    tok = llm.get_tokenizer()
+    prompts = [tok.encode(p) for p in (REPETITIVE[0], PROSE[1], PROSE[2])]
+    engine.spec, engine.runner.draft_runner = None, None
+    expected = _run(llm, prompts, 30)
+    engine.block_manager.reset_prefix_cache()
+    engine.spec, engine.runner.draft_runner = spec, draft
+
+    forwards, prefill_steps, spec_steps = [], [0], [0]
+    forward, on_step = draft._forward, spec.on_step
+    draft._forward = lambda inputs: (forwards.append(inputs.input_ids.shape[0]), forward(inputs))[1]
+
+    def count(out, seconds):
+        prefill = any(item.num_new_tokens > 1 and not item.num_draft_tokens for item in out.scheduled)
+        prefill_steps[0] += prefill
+        spec_steps[0] += out.has_drafts and not prefill  # decodes only (a prompt chunk's step is mirrored)
+        on_step(out, seconds)
+
+    spec.on_step = count
+    stats = engine.stats.spec
+    for batch in (prompts, prompts[:1], prompts):  # the last call hits the first's prompt blocks
+        assert _run(llm, batch, 30) == [expected[prompts.index(p)] for p in batch]
+    assert engine.stats.prefix_cache_hits_total > 0
+    assert spec_steps[0] >= 10 and draft.num_deferred_steps == spec_steps[0]
+    assert draft.num_mirror_forwards == prefill_steps[0]  # prompt chunks only
+    assert draft.num_caught_up_tokens == 0 and draft.num_owed_tokens >= 2 * spec_steps[0]
+    assert len(forwards) == draft.num_mirror_forwards + draft.num_proposal_steps
+    assert draft.num_proposal_steps <= K * stats.num_drafts_total  # k forwards per proposal at most
+    assert stats.num_accepted_tokens_total >= 0.9 * stats.num_draft_tokens_total
