@@ -34,8 +34,13 @@ class StepLog:
 
 
 _RUNNER_COUNTERS = ("graph_steps", "mixed_graph_steps", "varlen_graph_steps")
-_DRAFT_COUNTERS = ("num_proposal_steps", "num_mirrored_tokens", "num_caught_up_tokens", "num_fused_proposals",
-                   "propose_gpu_seconds", "mirror_gpu_seconds")
+# GPU ms per step: propose = whole proposals, their step 0 included (which now also computes the verified
+# positions' draft KV, the mirror's work before); first_step = that step 0 where it ran as a forward of its own
+# (not inside a fused graph); mirror = mirror forwards (now steps with a prompt chunk only; before, every
+# speculative step's too, so before/after compare propose + mirror)
+_DRAFT_COUNTERS = ("num_proposal_steps", "num_mirror_forwards", "num_mirrored_tokens", "num_deferred_steps",
+                   "num_owed_tokens", "num_caught_up_tokens", "num_fused_proposals", "propose_gpu_seconds",
+                   "first_step_gpu_seconds", "mirror_gpu_seconds")
 
 
 class StepCost:
@@ -77,7 +82,7 @@ class StepCost:
                 value = now[name] - before[name]
                 row[f"draft_{name}" if not name.startswith("draft_") else name] = (
                     1e3 * value / steps if name.endswith("_seconds") else value)
-        for name in ("draft_propose_gpu_seconds", "draft_mirror_gpu_seconds"):
+        for name in ("draft_propose_gpu_seconds", "draft_first_step_gpu_seconds", "draft_mirror_gpu_seconds"):
             if name in row:
                 row[name.replace("_seconds", "_ms_per_step")] = row.pop(name)
         return row

@@ -2,18 +2,19 @@
 
 The draft's cache shares the target's block ids, but not every target step writes the draft's KV:
 
-- a step of decodes only (plain decodes and speculative ones: `deferrable`) is not run through the draft
-  after the target. Its rows are *pending*: each request's draft KV from the row's first position on is owed.
-  The request's next proposal pays it in its first draft step, which feeds the verified tokens from that
-  position on together with the last one (`first_position`), so the draft computes them in the forward that
-  also drafts its first token (no forward of its own, EAGLE / vLLM's draft-model runner). A pending row lives
+- a speculative step of decodes only (`deferrable`, `on_owed`) is not run through the draft after the target.
+  Its rows are *pending*: each request's draft KV from the row's first position on is owed. The request's
+  next proposal pays it in its first draft step, which feeds the verified tokens from that position on
+  together with the last one (`first_position`), so the draft computes them in the forward that also drafts
+  its first token (no forward of its own, as EAGLE's and vLLM's draft-model runners do). A pending row lives
   one step: if the request's next proposal did not take it (no drafts for it, speculation off, finished,
   preempted), its blocks become stale (`settle`, `release`);
-- stale blocks (`stale_blocks`) hold draft KV that may be wrong: blocks of pending rows nobody took, and every
-  block a request writes after one of its own stale blocks (its draft KV there saw a stale context). Before a
-  request's first draft step reads its cache, the draft recomputes it from its first stale block on
-  (`first_position` returns that position; the runner's catch-up or first step computes it), also through
-  prefix-cache hits on blocks computed while speculation was off.
+- a step of plain decodes only (speculation off, `on_plain_decodes`) is not run either: its blocks are stale;
+- stale blocks (`stale_blocks`) hold draft KV that may be wrong: blocks of plain decodes, of pending rows
+  nobody took, and every block a request writes after one of its own stale blocks (its draft KV there saw a
+  stale context). Before a request's first draft step reads its cache, the draft recomputes it from its first
+  stale block on (`first_position` returns that position; the runner's catch-up or first step computes it),
+  also through prefix-cache hits on blocks computed while speculation was off.
 
 So a proposal always reads valid draft KV. A block is valid for the positions below its request's computed
 length; rejected drafts' slots are rewritten later, like the target's. Host bookkeeping only (no torch).
@@ -25,8 +26,8 @@ from collections.abc import Iterable
 
 
 def deferrable(scheduled: Iterable) -> bool:
-    """Whether a step's draft KV can wait for the next proposals: every row a decode (one token, or the last
-    verified token and its drafts); a step with a prompt chunk of more than one token is mirrored at once."""
+    """Whether a step's draft KV need not be computed now: every row a decode (one token, or the last verified
+    token and its drafts); a step with a prompt chunk of more than one token is mirrored at once."""
     return all(item.num_new_tokens == 1 or item.num_draft_tokens > 0 for item in scheduled)
 
 
@@ -43,25 +44,43 @@ class DraftKVValidity:
             self.stale_blocks.update(blocks)
         self.pending.clear()
 
-    def on_step(self, scheduled: list, deferred: bool) -> None:
-        """A target step's rows (`ScheduledRequest`s): the previous step's leftover pending rows settled, then
-        what each row writes is stale when one of its request's blocks before it is, else valid (mirrored
-        now) or owed (`deferred`: pending until the request's next proposal)."""
+    def on_mirrored(self, scheduled: list) -> None:
+        """A target step (`ScheduledRequest`s) the draft runs now: the previous step's leftover owed rows
+        settled, then what each row writes is stale when one of its request's blocks before it is, else valid."""
         self.settle()
+        self._follow(scheduled)
+
+    def on_owed(self, scheduled: list) -> None:
+        """A speculative step of decodes the draft does not run: as `on_mirrored`, but each row is owed to its
+        request's next proposal (pending) rather than valid."""
+        self.settle()
+        self._follow(scheduled)
+        bs = self.block_size
+        for item in scheduled:
+            start = item.start_position
+            self.pending[item.request_id] = (start, item.block_table[start // bs:(item.context_len - 1) // bs + 1])
+
+    def on_plain_decodes(self, scheduled: list) -> None:
+        """A step of plain decodes (speculation off): each row's block is stale at once (O(rows): no scan of
+        the tables, since every step of the request while speculation is off marks its block)."""
+        self.settle()
+        for item in scheduled:
+            self.stale_blocks.add(item.block_table[item.start_position // self.block_size])
+
+    def _follow(self, scheduled: list) -> None:
         bs, stale = self.block_size, self.stale_blocks
+        if not stale:
+            return
         for item in scheduled:
             table, first = item.block_table, item.start_position // bs
             written = table[first:(item.context_len - 1) // bs + 1]
-            if stale:
-                # the block the row starts in counts unless the row starts it (a fresh block: what a previous
-                # owner left there is overwritten from its first slot)
-                before = table[:first + (item.start_position % bs > 0)]
-                if any(b in stale for b in before):
-                    stale.update(written)
-                else:
-                    stale.difference_update(written)
-            if deferred:
-                self.pending[item.request_id] = (item.start_position, list(written))
+            # the block the row starts in counts unless the row starts it (a fresh block: what a previous
+            # owner left there is overwritten from its first slot)
+            before = table[:first + (item.start_position % bs > 0)]
+            if any(b in stale for b in before):
+                stale.update(written)
+            else:
+                stale.difference_update(written)
 
     def first_position(self, request_id: str, table: list[int], num_computed: int) -> int:
         """The first position below or at `num_computed` whose draft KV the request's next draft step must

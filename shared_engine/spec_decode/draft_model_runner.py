@@ -157,16 +157,18 @@ class DraftModelRunner:
     @torch.inference_mode()
     def mirror(self, inputs: StepInputs, out: SchedulerOutput) -> None:
         """A target step's draft KV (its inputs after their placeholders were patched): a step with a prompt
-        chunk runs through the draft now, writing its KV at the step's slots (no logits); a step of decodes
-        only is owed to the requests' next proposals (`DraftKVValidity`)."""
-        deferred = deferrable(out.scheduled)
-        self.validity.on_step(out.scheduled, deferred)
-        if deferred:
+        chunk runs through the draft now, writing its KV at the step's slots (no logits); a speculative step of
+        decodes only is owed to the requests' next proposals, a step of plain decodes only leaves its blocks
+        stale (`DraftKVValidity`)."""
+        if deferrable(out.scheduled):
             if out.num_draft_tokens:
+                self.validity.on_owed(out.scheduled)
                 self.num_deferred_steps += 1
             else:
+                self.validity.on_plain_decodes(out.scheduled)
                 self.num_skipped_steps += 1
             return
+        self.validity.on_mirrored(out.scheduled)
         span = self._events()
         self._forward(inputs)
         if span is not None:
