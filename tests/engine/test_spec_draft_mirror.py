@@ -117,3 +117,44 @@ def test_speculative_steps_run_no_mirror_forward(default_model_dir):
     assert len(forwards) == draft.num_mirror_forwards + draft.num_proposal_steps
     assert draft.num_proposal_steps <= K * stats.num_drafts_total  # k forwards per proposal at most
     assert stats.num_accepted_tokens_total >= 0.9 * stats.num_draft_tokens_total
+
+
+class _StepWindowPolicy(_WindowPolicy):
+    """k drafts except while the engine's observed step count is in `off`; then `max_drafts` is 0 too, so async
+    scheduling overlaps those steps (the next is launched before the one in flight is resolved)."""
+
+    def __init__(self, off) -> None:
+        super().__init__(off)
+        self.steps = 0
+
+    def max_drafts(self, num_running: int) -> int:
+        return 0 if self.steps in self.off else K
+
+    def num_drafts(self, requests: list, num_running: int) -> list[int]:
+        return [self.max_drafts(len(requests))] * len(requests)
+
+    def observe_step(self, num_tokens: int, speculative: bool, seconds: float) -> None:
+        self.steps += 1
+
+
+def test_async_scheduling_owed_rows_and_speculation_off_windows(default_model_dir):
+    """Async scheduling: speculative steps are resolved before the next proposal (whose step 0 takes their
+    owed rows), while steps with speculation off overlap and leave stale blocks that the next proposal catches
+    up; greedy outputs equal speculation off and drafts keep reading the right KV."""
+    llm = LLM(max_model_len=512, kv_cache_memory=64 * 2**20, max_num_batched_tokens=32, async_scheduling=True,
+              speculative_config={"method": "draft_model", "model": str(default_model_dir),
+                                  "num_speculative_tokens": K, "policy": "always"})
+    engine, spec = llm.engine, llm.engine.spec
+    draft = engine.runner.draft_runner
+    tok = llm.get_tokenizer()
+    prompts = [tok.encode(p) for p in (REPETITIVE[2], PROSE[0])]
+    engine.spec, engine.runner.draft_runner = None, None
+    expected = _run(llm, prompts, 64)
+    engine.block_manager.reset_prefix_cache()
+    engine.spec, engine.runner.draft_runner = spec, draft
+    spec.policy = _StepWindowPolicy(off=set(range(3, 9)) | set(range(12, 14)))
+    stats = engine.stats.spec
+    assert _run(llm, prompts, 64) == expected
+    assert draft.num_deferred_steps >= 5 and draft.num_skipped_steps >= 3 and draft.num_caught_up_tokens > 0
+    assert draft.num_owed_tokens > 0
+    assert stats.num_accepted_tokens_total >= 0.9 * stats.num_draft_tokens_total
