@@ -101,8 +101,9 @@ def test_memory_profile_counts_the_draft_model(small_model_dir):
 
 def test_fused_draft_proposals_replay_one_graph_and_draft_as_step_by_step(small_model_dir, monkeypatch):
     """The draft model's multi-step proposal graphs (spec_decode/fused_proposal.py): with the fp32 dummy model
-    as its own draft, proposals replay one graph for all k steps and draft exactly the tokens of the
-    step-by-step path (SPEC_FUSED_PROPOSAL=0), proposal by proposal; outputs are the same."""
+    as its own draft, proposals replay one graph for their decode-shaped steps (all k, or the k - 1 after a
+    step 0 that computes the verified positions' draft KV) and draft exactly the tokens of the step-by-step
+    path (SPEC_FUSED_PROPOSAL=0), proposal by proposal; outputs are the same."""
     import gc
 
     import torch
@@ -125,7 +126,8 @@ def test_fused_draft_proposals_replay_one_graph_and_draft_as_step_by_step(small_
                                                                 use_tqdm=False)] for g in groups]
         draft = llm.engine.runner.draft_runner
         runs[fused] = (outs, [[list(d) for d in drafts] for drafts in log], draft.num_fused_proposals,
-                       draft.propose_gpu_seconds)
+                       draft.propose_gpu_seconds, draft.first_step_gpu_seconds, draft.num_deferred_steps,
+                       draft.num_mirror_forwards)
         del llm, proposer, draft
         gc.collect()
         torch.cuda.empty_cache()
@@ -133,3 +135,5 @@ def test_fused_draft_proposals_replay_one_graph_and_draft_as_step_by_step(small_
     assert runs["1"][1] == runs["0"][1]
     assert runs["1"][2] >= 6 and runs["0"][2] == 0  # ~5 proposals per group at full acceptance
     assert runs["1"][3] > 0  # the proposals' device time was measured
+    # speculative steps ran no mirror forward: their draft KV came in the next proposal's step 0 (timed alone)
+    assert runs["1"][4] > 0 and runs["1"][5] >= 6 and runs["1"][6] < runs["1"][5]
