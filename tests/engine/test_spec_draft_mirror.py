@@ -133,7 +133,8 @@ class _StepWindowPolicy(_WindowPolicy):
     def num_drafts(self, requests: list, num_running: int) -> list[int]:
         return [self.max_drafts(len(requests))] * len(requests)
 
-    def observe_step(self, num_tokens: int, speculative: bool, seconds: float) -> None:
+    def observe_step(self, num_tokens: int, speculative: bool, seconds: float,
+                     num_draft_tokens: int | None = None) -> None:
         self.steps += 1
 
 
