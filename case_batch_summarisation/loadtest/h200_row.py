@@ -40,10 +40,15 @@ def table(d: dict) -> str:
             ("prefix cache: hit rate of prompt tokens / shared instruction", f"{100 * r['prefix_cache_hit_rate']:.1f}%"
              f" / {r['shared_prefix_tokens']} tokens"),
             ("preemptions", f"{d['scheduler']['num_preemptions']:,}")]
+    cfg = d.get("engine_config", {})
+    rows.append(("weights / KV cache", f"{'FP8 (online, per channel)' if cfg.get('quantization') == 'fp8' else 'bf16'}"
+                 f" / {'FP8' if cfg.get('kv_cache_dtype', 'auto') != 'auto' else 'bf16'}"))
     rl = d.get("roofline")
     if rl:
+        fp8 = (f", {rl['matmul_fp8_flops_per_s'] / 1e12:,.0f} TFLOP/s FP8 matmul (the linear layers' rate)"
+               if rl.get("weight_dtype") == "fp8" else "")
         rows += [(f"roofline (benchmarks/roofline.py; measured {rl['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s "
-                  f"copy, {rl['matmul_bf16_flops_per_s'] / 1e12:.0f} TFLOP/s bf16 matmul)",
+                  f"copy, {rl['matmul_bf16_flops_per_s'] / 1e12:.0f} TFLOP/s bf16 matmul{fp8})",
                   f"{rl['bound_time_s']:.1f} s, {rl['bound']}-bound"),
                  ("**share of the roofline**", f"**{100 * rl['fraction_of_roofline']:.1f}%**"),
                  ("prefill matmul + attention FLOPs alone over the matmul rate",
