@@ -16,11 +16,10 @@ class SpecDecodeStats:
 
     def on_step(self, out, sampled: dict[str, list]) -> None:
         """Count the step's verified drafts: a request with n drafts whose step yielded m tokens accepted m - 1
-        of them (before any stop cut the run, as vLLM counts). O(1) for a step without drafts (`out.num_draft_tokens`
-        0, as on every step the auto policy declines); else O(scheduled requests)."""
+        of them (before any stop cut the run, as vLLM counts)."""
         drafts = tokens = accepted = 0
         per_pos = self.accepted_per_pos_total
-        for item in (out.scheduled if getattr(out, "num_draft_tokens", 1) else ()):
+        for item in out.scheduled:
             n = item.num_draft_tokens
             result = sampled.get(item.request.request_id) if n else None
             if result is None:

@@ -32,8 +32,7 @@ throughput with the policy on was 0.94-1.01x of speculation off (4 of 6 below 0.
   requests make it a varlen graph that runs every sequence through the prefill kernel (the 3.9x above);
 - after a probe or a decision, the requests that draft may at most double per step (at least
   `_PROBE_REQUESTS`), so a mis-fit never makes the whole batch speculative at once, and each wider step gives
-  the fit another D (so c2 and c3 apart); and no step drafts for more than `_PROBE_REQUESTS` requests while the
-  window has no such step to price the varlen graph (H200 at 0f88fd9: ~4x a plain step at 448; `_cap`);
+  the fit another D (so c2 and c3 apart);
 - the per-draft-token term c3 prices a large batch's drafts at what they cost.
 With step costs shaped like 9a99c62's, a 1000-token run at batch 64 / 256 / 448 then simulates at >= 0.98x of
 speculation off (tests/engine/test_spec_policy_h200_costs.py). After a decision with no drafts, `max_drafts`
@@ -45,7 +44,7 @@ when the batch merely shrinks).
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 
 import numpy as np
 
@@ -76,13 +75,8 @@ Fit = tuple[float, float, float, float]  # (c0 s, c1 s per non-draft token, c2 s
 class AutoPolicy:
     def __init__(self, config) -> None:
         self.k = config.num_speculative_tokens
-        # the last `_WINDOW` steps' (tokens, draft tokens, seconds), a ring (the fit reads it without copying
-        # tuples into an array each step): `_count` rows, the next written at `_head`
-        self._rows = np.zeros((_WINDOW, 3), dtype=np.float64)
-        self._count = 0
-        self._head = 0
+        self._steps: deque[tuple[int, int, float]] = deque(maxlen=_WINDOW)  # (tokens, draft tokens, seconds)
         self._num_speculative = 0  # steps with drafts in `_steps`
-        self._num_wide = 0  # steps in `_steps` with more than `_PROBE_REQUESTS` * k drafts (so a varlen graph's)
         self._fit: Fit | None = None
         self._dirty = False
         self._last_drafted = True  # the last `num_drafts` gave some request a draft
@@ -98,16 +92,10 @@ class AutoPolicy:
         tokens (None: unknown, taken as 1 per speculative step, so c3 then acts as a per-step cost)."""
         drafts = (1 if speculative else 0) if num_draft_tokens is None else num_draft_tokens
         speculative = drafts > 0
-        if self._count == _WINDOW:
-            oldest = float(self._rows[self._head, 1])
-            self._num_speculative -= oldest > 0
-            self._num_wide -= oldest > _PROBE_REQUESTS * self.k
-        else:
-            self._count += 1
-        self._rows[self._head] = (num_tokens, drafts, seconds)
-        self._head = (self._head + 1) % _WINDOW
+        if len(self._steps) == self._steps.maxlen:
+            self._num_speculative -= self._steps[0][1] > 0
+        self._steps.append((num_tokens, drafts, seconds))
         self._num_speculative += speculative
-        self._num_wide += drafts > _PROBE_REQUESTS * self.k
         self._dirty = True
         self._seconds += seconds
         if self._probe_pending:  # a probe's step arrives within two observations (one step late when async)
@@ -117,10 +105,9 @@ class AutoPolicy:
     def step_time(self) -> Fit | None:
         """(c0 seconds, c1 seconds per non-draft token, c2 seconds per speculative step, c3 seconds per draft
         token), or None before enough varied steps; c2 = c3 = 0 while no step in the window drafted."""
-        if self._dirty and self._count >= _MIN_STEPS:
+        if self._dirty and len(self._steps) >= _MIN_STEPS:
             self._dirty = False
-            steps = self._rows[:self._count] if self._count < _WINDOW else np.roll(self._rows, -self._head, axis=0)
-            self._fit = _least_squares(steps, self._fit) or self._fit
+            self._fit = _least_squares(self._steps, self._fit) or self._fit
         return self._fit
 
     def _probing(self, fit) -> bool:
@@ -134,17 +121,9 @@ class AutoPolicy:
         return not self._probe_pending and self._probe_seconds <= _PROBE_SHARE * self._seconds
 
     def _cap(self, probing: bool) -> int:
-        """The most requests the next step may give drafts to: `_PROBE_REQUESTS` for a probe, and while the
-        window has no step that drafted for more than `_PROBE_REQUESTS` requests (more than that many * k
-        drafts); else twice the last decision's (at least `_PROBE_REQUESTS`). A step with more drafting
-        requests than the CUDA graph runner's MAX_PREFILL_SEQS (8) replays a varlen graph that runs every
-        sequence through the prefill kernel (about 4x a plain step at batch 448 on the H200 at 0f88fd9,
-        benchmarks/results/spec_decode_h200_replay1000_0f88fd9.json), which a fit from mixed-graph steps (8
-        or fewer drafting) underprices; so the policy itself never widens past 8, and only a wider step that
-        the fit has seen and priced (one from outside the policy's own choices) lets it."""
-        if probing or not self._num_wide:
-            return _PROBE_REQUESTS
-        return max(_PROBE_REQUESTS, 2 * self._width)
+        """The most requests the next step may give drafts to: `_PROBE_REQUESTS` for a probe, else twice the
+        last decision's (at least `_PROBE_REQUESTS`)."""
+        return _PROBE_REQUESTS if probing else max(_PROBE_REQUESTS, 2 * self._width)
 
     def max_drafts(self, num_running: int) -> int:
         """Whether the next step may speculate, before its requests' tokens are resolved (the async stepper
@@ -173,7 +152,6 @@ class AutoPolicy:
     def num_drafts(self, requests: list, num_running: int) -> list[int]:
         fit = self.step_time()
         rates = [acceptance_rate(r) for r in requests]
-        groups = Counter(rates)  # distinct rates in first-seen order, counted
         probing = self._probing(fit)
         if probing and not self._may_probe():
             best = [0] * len(requests)
@@ -182,23 +160,15 @@ class AutoPolicy:
             best = [0] * len(requests)
             for i in top:
                 best[i] = self.k
-        else:  # requests with the same rate grouped: O(distinct rates * k) in `_choose`, O(batch) here
-            distinct = list(groups)
-            tables = [[expected_tokens(a, k) for k in range(self.k + 1)] for a in distinct]
-            ks, drafting = _choose(fit, tables, [groups[a] for a in distinct], num_running, self._cap(False))
-            best = [0] * len(requests)
-            if any(drafting):  # each group's first `drafting` requests (the per-request order's ties)
-                chosen = {a: [k, n] for a, k, n in zip(distinct, ks, drafting) if n}
-                for i, a in enumerate(rates):
-                    slot = chosen.get(a)
-                    if slot is not None and slot[1] > 0:
-                        best[i] = slot[0]
-                        slot[1] -= 1
+        else:
+            tables = [[expected_tokens(a, k) for k in range(self.k + 1)] for a in rates]
+            ks, drafting = _choose(fit, tables, [1] * len(requests), num_running, self._cap(False))
+            best = [k if n else 0 for k, n in zip(ks, drafting)]
         if probing and any(best):
             self._probe_pending = 2
         self._last_drafted = any(best)
         self._width = sum(1 for k in best if k)
-        self._last_rates = sorted(groups.items(), reverse=True)
+        self._last_rates = sorted(Counter(rates).items(), reverse=True)
         return best
 
 

@@ -76,7 +76,11 @@ def test_auto_at_least_098_of_off(batch, k, output_len):
     assert run["spec_steps"] <= 0.05 * run["steps"]
 
 
-def _recorded_widths(policy) -> list[int]:
+def test_probe_drafts_for_few_requests_and_widening_at_most_doubles():
+    """A batch of 448 where speculating pays (a draft token costs little): the probe drafts for 8 requests, and
+    each later step for at most twice the last's, up to the whole batch."""
+    costs = SpecStepCosts({1: 0.005, 448: 0.034}, 0.0005, 1e-6, 1e-7, {}, {})
+    policy = AutoPolicy(SimpleNamespace(num_speculative_tokens=3))
     widths = []
     original = policy.num_drafts
 
@@ -86,27 +90,6 @@ def _recorded_widths(policy) -> list[int]:
         return ks
 
     policy.num_drafts = recording
-    return widths
-
-
-def test_widening_stays_within_the_mixed_graph_until_a_wider_step_is_priced():
-    """A batch of 448 where speculating pays (a draft token costs little): the probe drafts for 8 requests, and
-    no step drafts for more than 8 (MAX_PREFILL_SEQS: a wider step is a varlen graph, ~4x a plain step on the
-    H200 at 0f88fd9, which a fit from mixed-graph steps underprices) while the window has no wider step. Once
-    the fit has seen a step drafting for more than 8 requests (here one priced cheap), each later step drafts
-    for at most twice the last's, up to the whole batch."""
-    costs = SpecStepCosts({1: 0.005, 448: 0.034}, 0.0005, 1e-6, 1e-7, {}, {})
-    policy = AutoPolicy(SimpleNamespace(num_speculative_tokens=3))
-    widths = _recorded_widths(policy)
-    run = simulate(policy, 448, 200, costs, 0.8)
-    drafting = [w for w in widths if w]
-    assert drafting and max(drafting) == _PROBE_REQUESTS
-    assert run["spec_steps"] > 0.5 * run["steps"]
-
-    policy = AutoPolicy(SimpleNamespace(num_speculative_tokens=3))
-    for tokens, drafts in [(448 * 8, 0)] + [(448, 0)] * 8 + [(448 + 3 * 64, 3 * 64)]:
-        policy.observe_step(tokens, drafts > 0, costs.step_s(448, 64 * (drafts > 0), drafts), drafts)
-    widths = _recorded_widths(policy)
     run = simulate(policy, 448, 200, costs, 0.8)
     drafting = [w for w in widths if w]
     assert drafting[0] <= _PROBE_REQUESTS
