@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import multiprocessing
 import os
@@ -39,76 +38,16 @@ from pathlib import Path
 
 import httpx
 import yaml
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from case_multilora.app.tenants import key_digest  # noqa: E402
+from case_multilora.loadtest.fake_step_engine import fake_engine_app  # noqa: E402
 from case_multilora.services import free_port  # noqa: E402
 
 WELL_BEHAVED = [f"wb{i}" for i in range(4)]
 WHALES = ["whale0", "whale1"]
-
-
-# ---- the fake engine ---------------------------------------------------------------------------------------
-def fake_engine_app(step_s: float, chunks: str = "models"):
-    """The engine's OpenAI streaming on a shared step clock (module docstring); `chunks` "models": token
-    chunks built as pydantic models and dumped (the server before 2026-12-02), "plain": `ChatContentChunks`."""
-    from shared_engine.entrypoints.openai.protocol import ChatChunkChoice, ChatCompletionChunk, DeltaMessage, Usage
-    from shared_engine.entrypoints.openai.streaming import DONE, sse
-
-    clock = {"tick": None}
-
-    async def ticker() -> None:
-        loop = asyncio.get_running_loop()
-        clock["tick"] = loop.create_future()
-        while True:
-            await asyncio.sleep(step_s)
-            done, clock["tick"] = clock["tick"], loop.create_future()
-            done.set_result(None)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_):
-        task = asyncio.create_task(ticker())
-        yield
-        task.cancel()
-
-    app = FastAPI(lifespan=lifespan)
-
-    def chunk(rid: str, model: str, created: int, delta: DeltaMessage, finish=None, usage=None) -> str:
-        if chunks == "plain" and usage is None and delta.role is None:
-            from shared_engine.entrypoints.openai.streaming import ChatContentChunks
-            return ChatContentChunks(rid, created, model).content(0, delta.content, finish, None)
-        choices = [] if usage is not None else [ChatChunkChoice(index=0, delta=delta, finish_reason=finish)]
-        return sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=usage))
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        body = await request.json()
-        rid, model, created, n = f"chatcmpl-{random.getrandbits(64):016x}", body.get("model", "m"), int(time.time()), \
-            int(body.get("max_tokens") or 16)
-
-        async def events():
-            yield chunk(rid, model, created, DeltaMessage(role="assistant", content=""))
-            for i in range(n):
-                await asyncio.shield(clock["tick"])
-                yield chunk(rid, model, created, DeltaMessage(content=" tok"), "length" if i == n - 1 else None)
-            if (body.get("stream_options") or {}).get("include_usage"):
-                yield chunk(rid, model, created, None, usage=Usage(prompt_tokens=12, completion_tokens=n,
-                                                                  total_tokens=12 + n))
-            yield DONE
-
-        if not body.get("stream"):
-            return JSONResponse({"error": {"message": "stream only", "type": "x", "param": None, "code": 400}}, 400)
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    @app.get("/health")
-    async def health():
-        return {}
-
-    return app
 
 
 def tenants_file(path: Path) -> Path:
