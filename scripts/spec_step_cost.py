@@ -1,6 +1,7 @@
 """Per-run step accounting for scripts/bench_spec_decode.py: `StepLog` counts a run's steps, verify steps and
 host seconds proposing (by wrapping the SpecDecoder's hooks); `StepCost` reports where the steps spent their
-time from the engine's, runner's and draft runner's own counters (differences over the run)."""
+time from the engine's, runner's and draft runner's own counters (differences over the run);
+`set_speculation` switches one engine's speculation off and on between runs, `spec_counts` reads its counters."""
 
 from __future__ import annotations
 
@@ -86,3 +87,23 @@ class StepCost:
             if name in row:
                 row[name.replace("_seconds", "_ms_per_step")] = row.pop(name)
         return row
+
+
+def set_speculation(engine, spec, on: bool, reset_prefix_cache: bool = True) -> None:
+    """Speculation on or off in one engine; off also stops a draft model's KV mirror (its cost); with
+    `reset_prefix_cache` the next run starts from an empty prefix cache (none reuses the previous run's prompt
+    blocks)."""
+    from shared_engine.spec_decode.draft_model_runner import DraftModelRunner
+
+    draft = spec.proposer
+    while draft is not None and not isinstance(draft, DraftModelRunner):
+        draft = getattr(draft, "draft", None)
+    engine.spec = spec if on else None
+    engine.runner.draft_runner = draft if on else None
+    if reset_prefix_cache:
+        engine.block_manager.reset_prefix_cache()
+
+
+def spec_counts(engine) -> tuple[int, int, int]:
+    s = engine.stats.spec
+    return s.num_drafts_total, s.num_draft_tokens_total, s.num_accepted_tokens_total
