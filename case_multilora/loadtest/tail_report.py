@@ -6,34 +6,37 @@ seconds, and the slowest requests with their time in the phase: what a p99 of a 
 
 A samples file (`async_users.py`) has one JSON object per request: `kind` ("well-behaved" or "whale"),
 `tenant`, `t_s` (seconds since the phase began), `status`, `ttft_s` (seconds; null if no token came).
-Percentiles are nearest-rank on the sorted TTFTs (the same rule as `report.py`).
+Percentiles are `run_loadtest.percentile`'s (nearest rank), the rule of the case's results files.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile, q in [0, 1]. Raises ValueError on an empty list."""
-    if not values:
-        raise ValueError("no values")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+from case_multilora.loadtest.run_loadtest import percentile  # noqa: E402
 
 
 def tail(path: Path, skip_s: float, top: int = 8) -> dict:
-    """Well-behaved TTFT figures (ms) of one samples file: all, after `skip_s`, and the `top` slowest."""
+    """Well-behaved TTFT figures (ms) of one samples file: all, after `skip_s`, and the `top` slowest.
+
+    Raises:
+        ValueError: no well-behaved request with a first token (after `skip_s`).
+    """
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     timed = [r for r in rows if r.get("kind") == "well-behaved" and r.get("ttft_s") is not None]
     ms = [r["ttft_s"] * 1000 for r in timed]
     later = [r["ttft_s"] * 1000 for r in timed if r["t_s"] > skip_s]
+    if not ms or not later:
+        raise ValueError(f"{path}: no well-behaved TTFTs (after {skip_s} s)")
     slowest = sorted(timed, key=lambda r: -r["ttft_s"])[:top]
-    return {"file": str(path), "num": len(ms), "p50_ms": round(percentile(ms, 0.5), 1),
-            "p99_ms": round(percentile(ms, 0.99), 1), "skip_s": skip_s, "num_after_skip": len(later),
-            "p99_after_skip_ms": round(percentile(later, 0.99), 1),
+    return {"file": str(path), "num": len(ms), "p50_ms": round(percentile(ms, 50), 1),
+            "p99_ms": round(percentile(ms, 99), 1), "skip_s": skip_s, "num_after_skip": len(later),
+            "p99_after_skip_ms": round(percentile(later, 99), 1),
             "slowest": [{"t_s": r["t_s"], "tenant": r["tenant"], "ttft_ms": round(r["ttft_s"] * 1000, 1)}
                         for r in slowest]}
 

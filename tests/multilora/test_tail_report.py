@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from case_multilora.loadtest.tail_report import percentile, tail
+from case_multilora.loadtest.tail_report import tail
 
 
-def test_percentile_nearest_rank():
-    assert percentile([5.0, 1.0, 3.0], 0.5) == 3.0
-    assert percentile(list(range(101)), 0.99) == 99
-    with pytest.raises(ValueError):
-        percentile([], 0.5)
+def test_no_timed_request_is_an_error(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    path.write_text(json.dumps({"kind": "whale", "tenant": "w", "t_s": 12.0, "status": 200, "ttft_s": 9.0}))
+    with pytest.raises(ValueError, match="no well-behaved"):
+        tail(path, skip_s=10.0)
 
 
 def test_tail_leaves_out_the_first_seconds_and_whales(tmp_path):
