@@ -73,7 +73,11 @@ for its row stands for a run whose length (and so the next step's positions) is 
 is collected; and the proposer drafts from resolved tokens. So when the step in flight has drafts, or the
 policy may speculate in the next step, step n is collected and resolved before step n+1 is proposed and
 scheduled (the order of async output processing); when the policy has turned speculation off (large
-batches) the steps overlap as above.
+batches) the steps overlap as above. What the policy is told a step cost (`SpecDecoder.on_step`): its device
+span plus the device's idle time before a launch that had to wait for the step in flight to be resolved (the
+host's collect-to-launch time then), charged to the step whose drafts made the wait necessary, or else to the
+step launched after it (the policy's wish to draft there, or penalties), so speculation is priced with the host
+work it puts on the critical path.
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ class _InFlightStep:
     launched: LaunchedStep  # the runner's handle on the step's device work
     schedule_seconds: float
     launch_seconds: float  # host time of the runner's launch
+    bubble_seconds: float = 0.0  # the device idle before this launch, charged to this step (module docstring)
 
 
 @dataclass
@@ -111,6 +116,8 @@ class _Collected:
     resolve_seconds: float
     gpu_seconds: float
     now: float
+    returned: float  # perf_counter when the collect returned (the device idle from then on if nothing is queued)
+    bubble_after: float = 0.0  # the device idle before the next launch, charged to this step (it had drafts)
 
 
 class AsyncOutputStepper:
@@ -140,7 +147,13 @@ class AsyncOutputStepper:
             if previous is not None and collected is None and self._needs_resolved_history(out):
                 collected = self._collect(engine, previous)
             launched = engine.runner.launch(out, None if previous is None else previous.launched)
-            launched = _InFlightStep(out, launched, scheduled - started, time.perf_counter() - scheduled)
+            done = time.perf_counter()
+            launched = _InFlightStep(out, launched, scheduled - started, done - scheduled)
+            if collected is not None:  # the device waited for this launch since the collect returned
+                if previous.out.has_drafts:
+                    collected.bubble_after = done - collected.returned
+                else:
+                    launched.bubble_seconds = done - collected.returned
         if previous is not None and collected is None:
             collected = self._collect(engine, previous)
         outputs = self._process(engine, collected) if collected is not None else []
@@ -171,7 +184,7 @@ class AsyncOutputStepper:
         now = time.time()
         updated = engine.scheduler.resolve(step.out, result.token_ids(), now)
         return _Collected(step, result, updated, collected - collecting, time.perf_counter() - collected,
-                          engine.runner.gpu_span_seconds - gpu_before, now)
+                          engine.runner.gpu_span_seconds - gpu_before, now, collected)
 
     @staticmethod
     def _process(engine: LLMEngine, c: _Collected) -> list[RequestOutput]:
@@ -185,6 +198,7 @@ class AsyncOutputStepper:
             c.step.out, num_tokens, c.step.schedule_seconds + model_seconds + output_seconds,
             engine.scheduler, engine.block_manager,
             phases=(c.step.schedule_seconds, model_seconds, output_seconds, c.gpu_seconds))
-        if engine.spec is not None:  # the step's cost for the policy: the device's span where there is one
-            engine.spec.on_step(c.step.out, c.gpu_seconds or c.step.schedule_seconds + model_seconds + output_seconds)
+        if engine.spec is not None:  # the step's cost for the policy: the device's span (and idle) where there is one
+            engine.spec.on_step(c.step.out, c.gpu_seconds + c.step.bubble_seconds + c.bubble_after if c.gpu_seconds
+                                else c.step.schedule_seconds + model_seconds + output_seconds)
         return outputs

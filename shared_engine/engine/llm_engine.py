@@ -58,6 +58,9 @@ class LLMEngine:
         check_fits(num_blocks, config.cache.block_size, self.max_model_len)
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.capture_cuda_graphs()
+        if self.spec is not None:  # the policy prices speculative steps as the graphs pad them
+            graphs = getattr(self.runner, "graph_runner", None)
+            self.spec.set_step_padding(None if graphs is None else graphs.spec_step_padding())
         num_host_blocks = config.cache.num_host_blocks(self.runner.kv_bytes_per_block)  # as the runner counts
         self.scheduler = build_scheduler(config, num_blocks, self.max_model_len, num_host_blocks)
         self.block_manager = self.scheduler.block_manager

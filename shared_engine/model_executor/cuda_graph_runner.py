@@ -221,6 +221,11 @@ class CudaGraphRunner:
             self.context_lens[decodes : decodes + self.max_prefill_seqs].fill_(0)
             self.cu_seqlens_q[decodes : decodes + self.max_prefill_seqs + 1].fill_(decodes)
 
+    def spec_step_padding(self) -> tuple[int, int] | None:
+        """(the most speculative decodes a step runs unpadded, in a mixed graph; the draft tokens every sequence
+        of a wider speculative step is padded to, in a varlen graph), or None without varlen graphs."""
+        return (self.max_prefill_seqs, self.varlen_max_query_len - 1) if self.varlen_sizes else None
+
     def select(self, meta: AttentionMetadata, num_tokens: int, lora_active: int = False
                ) -> tuple[int, int, bool, int] | None:
         """The graph (decode bucket, prefill-token bucket, cascade, LoRA variant) this step's layout fits,

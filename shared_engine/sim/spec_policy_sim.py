@@ -133,7 +133,7 @@ def simulate(policy, batch: int, output_len: int, costs: SpecStepCosts, acceptan
         drafts, drafting = sum(ks), sum(1 for k in ks if k)
         step = costs.step_s(len(live), drafting, drafts) + (early_s if resolved and not drafts else 0.0)
         if policy is not None:
-            policy.observe_step(len(live) + drafts, drafts > 0, step, drafts)
+            policy.observe_step(len(live) + drafts, drafts > 0, step, drafts, drafting)
         seconds += step
         previous_drafts = drafts > 0
         steps += 1
@@ -153,5 +153,7 @@ def predicted_ratio(policy_name: str, k: int, batch: int, output_len: int, costs
 
     config = SimpleNamespace(num_speculative_tokens=k, policy=policy_name)
     off = simulate(None, batch, output_len, costs, acceptance, seed)
-    on = simulate(make_policy(config), batch, output_len, costs, acceptance, seed)
+    policy = make_policy(config)
+    policy.padding = (MIXED_MAX_SEQS, k)  # as the engine's CUDA graphs pad wider speculative steps
+    on = simulate(policy, batch, output_len, costs, acceptance, seed)
     return {**on, "throughput_ratio": on["tokens_per_s"] / off["tokens_per_s"]}

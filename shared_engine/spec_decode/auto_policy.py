@@ -18,6 +18,23 @@ only when its chance of being accepted beats the step time it adds per token of 
 batches (x large) or low acceptance every k_r is 0 and the step is plain decoding, and speculation comes back
 when the batch shrinks or a request's rate recovers.
 
+Padded steps: on CUDA a step that drafts for more than `padding[0]` requests (the graph runner's
+MAX_PREFILL_SEQS, 8) replays a varlen graph that runs every sequence of the step, plain decodes too, at
+`padding[1] + 1` query tokens (cuda_graph_runner.py), so its cost is that of padding[1] draft tokens for every
+sequence, whatever the requests drafted. `observe_step` counts such a step's draft tokens that way (given the
+number of drafting requests), and `_choose` compares the best step drafting for at most padding[0] requests
+(linear in draft tokens) with the best padded one (every drafting request at its most drafts, all sequences
+paid). Measured on the H200 at 0f88fd9 (spec_decode_h200_replay1000_0f88fd9.json, batch 448, k 5): 21 steps
+that drafted for more than 8 requests, each ~3.6x a plain step, took most of the 0.931x; the linear fit had
+priced them from 8-request steps. `padding` is None (no padding) on the CPU and without CUDA graphs.
+
+What a step costs is what the engine reports (engine/async_output.py): its device span plus the host time
+during which the device sat idle before it because the step in flight had to be resolved first, that bubble
+charged to the speculative step that caused it (the one whose drafts had to be resolved, or the one that
+resolved its predecessor in order to draft), so c2 holds the host work that a speculative step puts on the
+critical path. At 0f88fd9 the device span alone was the cost, and at b274e59 a probe of 8 requests looked
+cheaper than a plain step (33.7 against 36.8 ms of device span at batch 448) while it took 51 ms of wall time.
+
 What exploring costs is bounded (issue 17; measured on the H200 at 9a99c62, llama-3.1-8b dummy, 1000-token
 prompts, forced acceptance 0.8, benchmarks/results/spec_decode_h200_replay_9a99c62.json): a step with every
 request at k = 3 cost 2.6x a plain one at batch 64, 4.2x at 256 and 3.9x at 448 (k = 5: 2.5x / 3.9x / 3.6x),
@@ -85,13 +102,19 @@ class AutoPolicy:
         self._seconds = 0.0  # every observed step's
         self._probe_seconds = 0.0  # the probe steps' (all of each: what they cost is at most that)
         self._probe_pending = 0  # observations left in which a probe's step can still arrive
+        self.padding: tuple[int, int] | None = None  # (most drafting requests unpadded, padded drafts per sequence)
 
     def observe_step(self, num_tokens: int, speculative: bool, seconds: float,
-                     num_draft_tokens: int | None = None) -> None:
-        """A step's `num_tokens` (drafts included), whether it verified drafts, its seconds, and its draft
-        tokens (None: unknown, taken as 1 per speculative step, so c3 then acts as a per-step cost)."""
+                     num_draft_tokens: int | None = None, num_drafting: int = 0) -> None:
+        """A step's `num_tokens` (drafts included), whether it verified drafts, its seconds, its draft tokens
+        (None: unknown, taken as 1 per speculative step, so c3 then acts as a per-step cost) and the requests
+        that drafted (beyond `padding[0]` the step is counted as `padding[1]` drafts for each of its sequences)."""
         drafts = (1 if speculative else 0) if num_draft_tokens is None else num_draft_tokens
         speculative = drafts > 0
+        if self.padding is not None and num_drafting > self.padding[0]:
+            sequences = num_tokens - drafts  # one verified or plain-decode token per sequence
+            drafts = sequences * self.padding[1]
+            num_tokens = sequences + drafts
         if len(self._steps) == self._steps.maxlen:
             self._num_speculative -= self._steps[0][1] > 0
         self._steps.append((num_tokens, drafts, seconds))
@@ -146,7 +169,7 @@ class AutoPolicy:
         if left > 0:
             groups.append((_PRIOR_RATE, left))
         tables = [[expected_tokens(rate, k) for k in range(self.k + 1)] for rate, _ in groups]
-        ks, _ = _choose(fit, tables, [n for _, n in groups], num_running, self._cap(False))
+        ks, _ = _choose(fit, tables, [n for _, n in groups], num_running, self._cap(False), self.padding)
         return self.k if any(ks) else 0
 
     def num_drafts(self, requests: list, num_running: int) -> list[int]:
@@ -162,7 +185,7 @@ class AutoPolicy:
                 best[i] = self.k
         else:
             tables = [[expected_tokens(a, k) for k in range(self.k + 1)] for a in rates]
-            ks, drafting = _choose(fit, tables, [1] * len(requests), num_running, self._cap(False))
+            ks, drafting = _choose(fit, tables, [1] * len(requests), num_running, self._cap(False), self.padding)
             best = [k if n else 0 for k, n in zip(ks, drafting)]
         if probing and any(best):
             self._probe_pending = 2
@@ -172,12 +195,42 @@ class AutoPolicy:
         return best
 
 
-def _choose(fit: Fit, tables: list[list[float]], counts: list[int], num_running: int,
-            cap: int) -> tuple[list[int], list[int]]:
-    """Dinkelbach's iteration (module docstring): the draft length per group of requests (`counts[i]` requests
-    with expected-token table `tables[i]`, E(0) .. E(k)) and how many of the group draft it (at most `cap`
-    requests in all, those whose drafts gain most), maximising the step's tokens per second; all 0 where the
-    plain step is best. `num_running` counts every decode in the step (those not in a group get 1 token)."""
+def _choose(fit: Fit, tables: list[list[float]], counts: list[int], num_running: int, cap: int,
+            padding: tuple[int, int] | None = None) -> tuple[list[int], list[int]]:
+    """The draft length per group of requests (`counts[i]` requests with expected-token table `tables[i]`,
+    E(0) .. E(k)) and how many of the group draft it (at most `cap` requests in all), maximising the step's
+    tokens per second; all 0 where the plain step is best. `num_running` counts every decode in the step (those
+    not in a group get 1 token). With `padding` (module docstring), the better of the best step drafting for at
+    most padding[0] requests and the best padded step."""
+    if padding is None or cap <= padding[0]:
+        return _dinkelbach(fit, tables, counts, num_running, cap)[:2]
+    limit, per_sequence = padding
+    narrow = _dinkelbach(fit, tables, counts, num_running, limit)
+    if sum(counts) <= limit:  # no step drafts for more than `limit` requests: never padded
+        return narrow[:2]
+    wide = _padded(fit, tables, counts, num_running, cap, num_running * per_sequence)
+    return (wide if wide[2] > narrow[2] else narrow)[:2]
+
+
+def _padded(fit: Fit, tables: list[list[float]], counts: list[int], num_running: int, cap: int,
+            drafts: int) -> tuple[list[int], list[int], float]:
+    """The padded step (every sequence paid as `drafts` draft tokens in all): the `cap` requests that gain most
+    draft their most; (ks, drafting per group, tokens per second)."""
+    c0, c1, c2, c3 = fit
+    ks = [len(t) - 1 for t in tables]
+    left, ns = cap, [0] * len(tables)
+    for i in sorted(range(len(tables)), key=lambda i: -(tables[i][-1] - tables[i][0])):
+        ns[i] = min(counts[i], left)
+        left -= ns[i]
+    gain = sum(n * (t[-1] - t[0]) for t, n in zip(tables, ns)) + sum(
+        n * t[0] for t, n in zip(tables, counts)) + (num_running - sum(counts))
+    return ks, ns, gain / (c0 + c1 * num_running + c2 + c3 * drafts)
+
+
+def _dinkelbach(fit: Fit, tables: list[list[float]], counts: list[int], num_running: int,
+                cap: int) -> tuple[list[int], list[int], float]:
+    """Dinkelbach's iteration (module docstring) over steps whose cost is linear in draft tokens:
+    (ks, drafting per group, tokens per second), plain decoding's rate when nothing beats it."""
     c0, c1, c2, c3 = fit
     k_max = len(tables[0]) - 1 if tables else 0
     best, best_n = [0] * len(tables), [0] * len(tables)
@@ -199,7 +252,7 @@ def _choose(fit: Fit, tables: list[list[float]], counts: list[int], num_running:
         if x_new <= x * (1 + 1e-9):
             break
         best, best_n, x = ks, ns, x_new
-    return best, best_n
+    return best, best_n, x
 
 
 def _least_squares(steps, previous: Fit | None) -> Fit | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 class AlwaysPolicy:
     def __init__(self, config) -> None:
         self.k = config.num_speculative_tokens
+        self.padding = None  # how the runner pads wide speculative steps (AutoPolicy prices it; unused here)
 
     def max_drafts(self, num_running: int) -> int:
         return self.k
@@ -18,7 +19,7 @@ class AlwaysPolicy:
         return [self.k] * len(requests)
 
     def observe_step(self, num_tokens: int, speculative: bool, seconds: float,
-                     num_draft_tokens: int | None = None) -> None:
+                     num_draft_tokens: int | None = None, num_drafting: int = 0) -> None:
         pass
 
 

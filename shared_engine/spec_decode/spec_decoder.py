@@ -33,6 +33,11 @@ class SpecDecoder:
     def bind(self, block_manager) -> None:
         self.proposer.bind(block_manager)
 
+    def set_step_padding(self, padding: tuple[int, int] | None) -> None:
+        """How the model runner pads speculative steps (`CudaGraphRunner.spec_step_padding`): beyond
+        padding[0] drafting requests every sequence runs padding[1] + 1 query tokens; the policy prices that."""
+        self.policy.padding = padding
+
     def wants_drafts(self, num_running: int) -> bool:
         """Whether the next step may speculate (the async stepper then resolves the step in flight first)."""
         return self.policy.max_drafts(num_running) > 0
@@ -46,12 +51,16 @@ class SpecDecoder:
         ks = self.policy.num_drafts(eligible, len(running))
         caps = [min(k, r.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens)
                 for r, k in zip(eligible, ks)]
-        for request, drafts in zip(eligible, self.proposer.propose(eligible, caps)):
-            request.draft_token_ids = drafts
+        drafting = [(r, cap) for r, cap in zip(eligible, caps) if cap > 0]  # the proposer's work for these only
+        if drafting:
+            requests, caps = map(list, zip(*drafting))
+            for request, drafts in zip(requests, self.proposer.propose(requests, caps)):
+                request.draft_token_ids = drafts
 
     def on_step(self, out, seconds: float) -> None:
         """A step's (`SchedulerOutput`) measured cost, for the policy's step-time model."""
-        self.policy.observe_step(out.num_batched_tokens, out.has_drafts, seconds, out.num_draft_tokens)
+        drafting = sum(1 for item in out.scheduled if item.num_draft_tokens) if out.has_drafts else 0
+        self.policy.observe_step(out.num_batched_tokens, out.has_drafts, seconds, out.num_draft_tokens, drafting)
 
     def on_finished(self, request) -> None:
         self.proposer.on_finished(request)

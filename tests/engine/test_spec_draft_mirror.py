@@ -26,7 +26,7 @@ class _WindowPolicy:
         return [0 if self.calls - 1 in self.off else K] * len(requests)
 
     def observe_step(self, num_tokens: int, speculative: bool, seconds: float,
-                     num_draft_tokens: int | None = None) -> None:
+                     num_draft_tokens: int | None = None, num_drafting: int = 0) -> None:
         pass
 
 
@@ -134,7 +134,7 @@ class _StepWindowPolicy(_WindowPolicy):
         return [self.max_drafts(len(requests))] * len(requests)
 
     def observe_step(self, num_tokens: int, speculative: bool, seconds: float,
-                     num_draft_tokens: int | None = None) -> None:
+                     num_draft_tokens: int | None = None, num_drafting: int = 0) -> None:
         self.steps += 1
 
 
