@@ -10,6 +10,7 @@ import torch
 from shared_engine.core.scheduler_output import SchedulerOutput
 from shared_engine.model_executor.attention.cascade import cascade_prefix_blocks
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
+from shared_engine.model_executor.pinned_staging import PinnedStaging
 
 
 @dataclass
@@ -37,12 +38,13 @@ class StepInputs:
         self.input_ids.index_copy_(0, where, previous_tokens.index_select(0, rows))
 
 
-def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, cascade: bool = False) -> StepInputs:
+def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, cascade: bool = False,
+                 staging: PinnedStaging | None = None) -> StepInputs:
     """Scheduled sequences must come decodes first (the scheduler's order); a speculative decode (query length
     k + 1) runs through the prefill path's causal attention over its cached context. Host work is O(tokens) in
     numpy; each tensor crosses to the device once. With `cascade` (the Triton backend, cascade attention
     allowed), a step whose decodes share a long enough block-table prefix carries it in the metadata
-    (`cascade_prefix_blocks`)."""
+    (`cascade_prefix_blocks`). With `staging` (CUDA) the arrays cross in one copy from pinned memory."""
     scheduled = out.scheduled
     num_seqs = len(scheduled)
     query_lens = [s.num_new_tokens for s in scheduled]
@@ -79,25 +81,30 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, ca
     else:
         sample_indices = ends - 1
 
-    def dev(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array).to(device, non_blocking=True)
-
+    num_prefix_blocks = cascade_prefix_blocks(tables, context_lens, num_decodes, block_size) if cascade else 0
+    arrays = [slots, tables, np.asarray(context_lens, dtype=np.int32), cu.astype(np.int32), input_ids, positions,
+              np.asarray(sample_indices, dtype=np.int64)]
+    if num_prefix_blocks:
+        arrays += [np.array([num_prefix_blocks * block_size], dtype=np.int32), tables[0, :num_prefix_blocks].copy()]
+    if placeholders.size:
+        arrays += [placeholders, previous_rows]
+    if staging is not None:  # one copy from pinned memory (pinned_staging.py)
+        tensors = staging.upload(arrays)
+    else:
+        tensors = [torch.from_numpy(a).to(device, non_blocking=True) for a in arrays]
+    slot_mapping, block_tables, context_lens_t, cu_seqlens_q, ids, pos, indices, *rest = tensors
     meta = AttentionMetadata(
-        slot_mapping=dev(slots),
-        block_tables=dev(tables),
-        context_lens=dev(np.asarray(context_lens, dtype=np.int32)),
-        cu_seqlens_q=dev(cu.astype(np.int32)),
+        slot_mapping=slot_mapping,
+        block_tables=block_tables,
+        context_lens=context_lens_t,
+        cu_seqlens_q=cu_seqlens_q,
         num_decodes=num_decodes,
         max_context_len=max(context_lens),
         max_query_len=max(query_lens),
         context_lens_list=context_lens,
         query_lens_list=query_lens,
     )
-    num_prefix_blocks = cascade_prefix_blocks(tables, context_lens, num_decodes, block_size) if cascade else 0
     if num_prefix_blocks:
-        meta.prefix_len = dev(np.array([num_prefix_blocks * block_size], dtype=np.int32))
-        meta.prefix_blocks = dev(tables[0, :num_prefix_blocks].copy())
+        meta.prefix_len, meta.prefix_blocks, *rest = rest
         meta.max_prefix_len = num_prefix_blocks * block_size
-    return StepInputs(dev(input_ids), dev(positions), meta, dev(np.asarray(sample_indices, dtype=np.int64)),
-                      sampled_rows, num_logits,
-                      (dev(placeholders), dev(previous_rows)) if placeholders.size else None)
+    return StepInputs(ids, pos, meta, indices, sampled_rows, num_logits, tuple(rest) if rest else None)

@@ -27,6 +27,8 @@ from shared_engine.model_executor.layers.fp8_linear import FP8_DTYPE, check_fp8_
 from shared_engine.model_executor.layers.lora import LORA_ALL, LORA_ATTENTION, step_tile_m
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
+from shared_engine.model_executor.pinned_staging import PinnedStaging
+from shared_engine.model_executor.pinned_staging import enabled as pinned_inputs_enabled
 from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_entries
 from shared_engine.model_loader.model_source import ModelSource
 from shared_engine.model_loader.weight_loader import init_dummy, load_safetensors
@@ -128,6 +130,8 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.offloader: KVOffloader | None = None  # kv_offload_size > 0: the host tier's buffer and copies
         self.graph_runner: CudaGraphRunner | None = None
+        # CUDA: each step's inputs cross in one copy from pinned memory (pinned_staging.py)
+        self.staging = PinnedStaging(self.device, depth=4) if pinned_inputs_enabled(self.device) else None
         self.compile_seconds = 0.0  # first forward pass (Triton JIT) during profiling
         self.gpu_span_seconds = 0.0  # CUDA: device time from the first kernel of a step to its sampled ids
         self.capture_seconds = 0.0
@@ -279,7 +283,7 @@ class ModelRunner:
         span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         if out.kv_offloads or out.kv_restores:  # before the forward that reads (and overwrites) these blocks
             self.offloader.run(out.kv_offloads, out.kv_restores)
-        inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade)
+        inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade, staging=self.staging)
         inputs.patch_placeholders(None if previous is None else previous.tokens)
         token_slots = None if self.lora is None else self.lora.prepare(out)  # sets lora.ctx.active
         lora_active = self.lora.ctx.variant() if self.lora is not None else False
