@@ -38,8 +38,8 @@ from shared_engine.core.output_update import OutputUpdate
 from shared_engine.core.prefill_caps import PartialPrefillCaps
 from shared_engine.core.request import Request, RequestStatus
 from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
-from shared_engine.core.share_cap import OverShareCap
 from shared_engine.core.scheduling import make_scheduling_policy
+from shared_engine.core.share_cap import OverShareCap
 
 _ARRIVAL_ORDER = operator.attrgetter("arrival_order")
 
