@@ -6,7 +6,8 @@ stack (rag_stack.py) for a fixed time; errors, resident memory over time and lat
 
 Every `--sample-s` seconds it records each container's resident memory (rag_stack.rss_mib) and the engine's
 gauges. At the end: locust's failures and every error event, the memory slope (MiB per hour, least squares
-over the samples after `--warmup-s`, which runs before the measured `--duration-s`) per container, and p50/p95 TTFT and ITL per window of `--window-s`.
+over the samples after `--warmup-s`, which runs before the measured `--duration-s`) per container, and p50/p95
+TTFT and ITL per window of `--window-s`.
 The stack is stopped at the end (volumes kept: the next start reuses the converted model and the ingested
 corpus). Bounded: locust runs warm-up + duration (-t), the whole script at most that + 20 minutes.
 """
@@ -123,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     sampler = threading.Thread(target=sample_memory, args=(stop, args.sample_s, samples), daemon=True)
     t0 = time.time()
     sampler.start()
-    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(args.users), "-r", f"{spawn_rate:.4f}",
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(args.users),
+           "-r", f"{spawn_rate:.4f}",
            "-t", f"{args.duration_s + args.warmup_s:.0f}s", "--stop-timeout", "60", "--host", rag_stack.url("APP_PORT"),
            "--rag-profile", "cpu", "--csv", str(args.work_dir / "locust"), "--json-file",
            str(args.work_dir / "locust"), "--only-summary"]
