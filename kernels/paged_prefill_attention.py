@@ -14,7 +14,10 @@ commit add5b01), and was removed. An FP8 (e4m3) cache is read with per-tensor `k
 
 Compiled for sm_90 offline (Triton 3.9, ptxas 12.9; not the device's 3.6), the 64 x 64 bf16 tile uses ~200
 registers a thread: 2 programs of 4 warps an SM. `maxnreg=168` fits 3 without spills where shared memory
-allows; `lazy_rescale` (FlashAttention-4's conditional rescale) raised registers to 255 there.
+allows; `lazy_rescale` (FlashAttention-4's conditional rescale) raised registers to 255 there. Timed on the
+H200 at 9a99c62 (benchmarks/results/prefill_attention_h200_9a99c62.json, see DEFAULTS): lazy_rescale was slower
+or level everywhere, maxnreg=168 with 1 stage gave the fastest FP8 config on 4 x 2,048 only, fp8_f16 took 16-26%
+less time than bf16 dots over an FP8 cache.
 """
 
 from __future__ import annotations
@@ -39,18 +42,29 @@ TILE_CONFIGS = (
 )
 
 
-# The launcher's defaults, per cache dtype: one line each to change after an H200 sweep. bf16: 64 x 64 tiles over
-# 4 warps, 3 stages, prefetch: the fastest bf16 config at aab412d on 4 x 2,048 (443 us vs 470 us for the old
-# default 64/64/4/2) and on the RAG chunk (122 vs 145 us) (benchmarks/results/prefill_attention_h200_aab412d.json).
-# FP8: 2 stages + prefetch (667-669 us vs 745 us on 4 x 2,048, 258 vs 246 us on the RAG chunk there) and fp8_f16
-# (~40% fewer PTX instructions per KV tile: e4m3 -> fp16 is one cvt per 2 values, -> bf16 three; unmeasured).
-# lazy_rescale and maxnreg are sweep options (scripts/bench_prefill_attention.py --sweep), unmeasured.
+# The launcher's defaults, per cache dtype: one line each to change after an H200 sweep. Figures: the H200 sweep at
+# 9a99c62 (benchmarks/results/prefill_attention_h200_9a99c62.json, `scripts/bench_prefill_attention.py --sweep
+# --commit 9a99c62`; us, 4 x 2,048 new tokens / the RAG chunk of 450 after 5,200 cached; SDPA 280 / 175 us).
+# bf16: 64 x 64 tiles over 4 warps, 3 stages, prefetch: the fastest config at both shapes there (441 / 123 us =
+# 63.4% / 142.6% of SDPA; no swept config within 3%: the closest, this config timed again, 444 / 124 us, and with
+# reverse tiles 123 us on the RAG chunk), as at aab412d (prefill_attention_h200_aab412d.json).
+# FP8: no config was within 2% of the fastest at both shapes (4 x 2,048: 527 us, 64 x 64, 1 stage, maxnreg 168,
+# which took 206 us on the RAG chunk; RAG chunk: 166 us, the config below). The one with the best geometric mean of
+# the two time ratios to each shape's fastest (1.045): 64 x 128 tiles, 4 warps, 3 stages, no prefetch, query tiles
+# in reverse order, fp8_f16: 575 / 166 us = 48.6% / 105.5% of SDPA, against 562 / 190 us (49.8% / 92.1%) for the
+# 9a99c62 FP8 default (64 x 64, 2 stages, prefetch; geometric mean 1.105): 2.4% slower on 4 x 2,048, 1.15x as fast
+# on the RAG chunk. (Prefetch at 64 x 128 took 892 / 256 us.) Not yet timed as the launcher's default.
+# Options timed in that sweep: fp8_f16 (over an FP8 cache, 64 x 64 x 2 stages + prefetch: 561 / 190 us with fp16
+# dots, 670 / 258 us with bf16 dots); lazy_rescale (bf16 444 -> 515 / 124 -> 147 us, FP8 561 -> 646 / 190 -> 199 us
+# at 2 stages, level at best: never faster); maxnreg 168 (FP8 1 stage: 527 / 206 us, the 4 x 2,048 fastest; bf16 1
+# stage 472 / 199 us; at 2 stages + prefetch slower than uncapped or level: bf16 510 / 156 vs 478 / 150, FP8 564 /
+# 190 vs 561 / 190).
 DEFAULTS = dict(block_m=64, block_n=64, num_warps=4, num_stages=3, prefetch=True, lazy_rescale=False, fp8_f16=True,
-                maxnreg=None)  # (fp8_f16 acts on FP8 caches only)
-FP8_DEFAULTS = dict(DEFAULTS, num_stages=2)
+                maxnreg=None, reverse_tiles=False)  # (fp8_f16 acts on FP8 caches only)
+FP8_DEFAULTS = dict(DEFAULTS, block_n=128, num_stages=3, prefetch=False, reverse_tiles=True)
 # The launcher defaults at aab412d (before prefetch, lazy_rescale, fp8_f16, maxnreg): the bench's "baseline".
 BASELINE = dict(block_m=64, block_n=64, num_warps=4, num_stages=2, prefetch=False, lazy_rescale=False, fp8_f16=False,
-                maxnreg=None)
+                maxnreg=None, reverse_tiles=False)
 RESCALE_THRESHOLD = tl.constexpr(8.0)  # lazy_rescale: a row's max may lag by 8 (log2 units): p <= 256
 
 
@@ -221,7 +235,7 @@ def paged_prefill_attention(
     num_stages: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
-    reverse_tiles: bool = False,
+    reverse_tiles: bool | None = None,
     prefetch: bool | None = None,
     lazy_rescale: bool | None = None,
     fp8_f16: bool | None = None,
@@ -243,7 +257,7 @@ def paged_prefill_attention(
     Raises ValueError on bad shapes, dtypes, layouts or block_m.
     """
     opts = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages, prefetch=prefetch,
-                lazy_rescale=lazy_rescale, fp8_f16=fp8_f16, maxnreg=maxnreg)
+                lazy_rescale=lazy_rescale, fp8_f16=fp8_f16, maxnreg=maxnreg, reverse_tiles=reverse_tiles)
     defaults = FP8_DEFAULTS if k_cache.dtype == torch.float8_e4m3fn else DEFAULTS
     opts = {k: defaults[k] if v is None else v for k, v in opts.items()}
     block_m, block_n, num_warps, num_stages = opts["block_m"], opts["block_n"], opts["num_warps"], opts["num_stages"]
@@ -277,7 +291,7 @@ def paged_prefill_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         QUERIES_PER_KV=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, REVERSE_TILES=bool(reverse_tiles), PREFETCH=bool(opts["prefetch"]),
+        BLOCK_M=block_m, BLOCK_N=block_n, REVERSE_TILES=bool(opts["reverse_tiles"]), PREFETCH=bool(opts["prefetch"]),
         LAZY_RESCALE=bool(opts["lazy_rescale"]),
         DOT_F16=bool(opts["fp8_f16"]) and k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16,
         num_warps=num_warps,

@@ -4,7 +4,13 @@ from _util import assert_rel_close, make_paged_kv, poisoned, rel_tol
 
 from kernels.fp8 import dequantize_fp8_ref, quantize_fp8_ref
 from kernels.paged_decode_attention import gather_paged_kv
-from kernels.paged_prefill_attention import TILE_CONFIGS, paged_prefill_attention, paged_prefill_attention_ref
+from kernels.paged_prefill_attention import (
+    DEFAULTS,
+    FP8_DEFAULTS,
+    TILE_CONFIGS,
+    paged_prefill_attention,
+    paged_prefill_attention_ref,
+)
 
 # (q_lens, cached prefix lens, num_q_heads, num_kv_heads, head_dim, block_size, block_m, block_n)
 CASES = [
@@ -41,6 +47,10 @@ SWEPT = [(*t, False, False, False) for t in sorted({c[:2] for c in TILE_CONFIGS}
 SWEPT += [(64, 64, True, False, False), (16, 32, True, False, False), (64, 64, False, True, False),
           (128, 64, False, True, False), (16, 32, True, True, False), (64, 64, False, True, True),
           (128, 128, False, True, True), (16, 32, True, False, True), (32, 16, False, True, True)]
+# the launcher's defaults as they run (FP8_DEFAULTS: 64 x 128 tiles, reverse order, no prefetch; the 9a99c62 sweep)
+SWEPT += [t for t in dict.fromkeys(
+    (c["block_m"], c["block_n"], c["reverse_tiles"], c["prefetch"], c["lazy_rescale"]) for c in (DEFAULTS, FP8_DEFAULTS)
+) if t not in SWEPT]
 
 
 @pytest.mark.parametrize("block_m,block_n,reverse,prefetch,lazy", SWEPT)
@@ -61,6 +71,22 @@ def test_every_swept_tile_shape_matches_reference(device, block_m, block_n, reve
     paged_prefill_attention(q, k8, v8, bt, cu, lens, d**-0.5, max(q_lens), out=out, block_m=block_m,
                             block_n=block_n, k_scale=0.01, v_scale=0.02, reverse_tiles=reverse, prefetch=prefetch,
                             lazy_rescale=lazy)
+    ref = paged_prefill_attention_ref(q, dequantize_fp8_ref(k8, 0.01), dequantize_fp8_ref(v8, 0.02), bt, cu, lens,
+                                      d**-0.5)
+    assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
+
+
+def test_fp8_cache_with_the_launchers_defaults_matches_reference(device):
+    """No tile or loop option given over an FP8 cache: FP8_DEFAULTS (reverse_tiles included) as the engine runs them."""
+    gen = torch.Generator().manual_seed(5)
+    q_lens, prefixes, hq, hk, d, bs = [137, 9], [0, 150], 4, 2, 32, 16
+    ctx = [q + p for q, p in zip(q_lens, prefixes)]
+    k_cache, v_cache, bt, lens = make_paged_kv(ctx, hk, d, bs, torch.float32, device, gen=gen)
+    k8, v8 = quantize_fp8_ref(k_cache, 0.01), quantize_fp8_ref(v_cache, 0.02)
+    cu = torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32, device=device)
+    q = torch.randn(sum(q_lens), hq, d, generator=gen).to(device)
+    out = poisoned(q.shape, q.dtype, device)
+    paged_prefill_attention(q, k8, v8, bt, cu, lens, d**-0.5, max(q_lens), out=out, k_scale=0.01, v_scale=0.02)
     ref = paged_prefill_attention_ref(q, dequantize_fp8_ref(k8, 0.01), dequantize_fp8_ref(v8, 0.02), bt, cu, lens,
                                       d**-0.5)
     assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
