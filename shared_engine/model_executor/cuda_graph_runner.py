@@ -221,10 +221,14 @@ class CudaGraphRunner:
             self.context_lens[decodes : decodes + self.max_prefill_seqs].fill_(0)
             self.cu_seqlens_q[decodes : decodes + self.max_prefill_seqs + 1].fill_(decodes)
 
-    def spec_step_padding(self) -> tuple[int, int] | None:
-        """(the most speculative decodes a step runs unpadded, in a mixed graph; the draft tokens every sequence
-        of a wider speculative step is padded to, in a varlen graph), or None without varlen graphs."""
-        return (self.max_prefill_seqs, self.varlen_max_query_len - 1) if self.varlen_sizes else None
+    def spec_step_padding(self) -> tuple[int, int, int] | None:
+        """How speculative steps run (None without varlen graphs): (the most speculative decodes a step runs in
+        a mixed graph; the draft tokens every sequence of a wider speculative step is padded to, in a varlen
+        graph; the most rows of a decode graph). A step of decodes only whose tokens fit the last runs as decode
+        rows (input_builder.decode_rows), unpadded, whatever its number of speculative decodes."""
+        if not self.varlen_sizes:
+            return None
+        return self.max_prefill_seqs, self.varlen_max_query_len - 1, self.decode_sizes[-1] if self.decode_sizes else 0
 
     def select(self, meta: AttentionMetadata, num_tokens: int, lora_active: int = False
                ) -> tuple[int, int, bool, int] | None:

@@ -39,27 +39,35 @@ class StepInputs:
 
 
 def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, cascade: bool = False,
-                 staging: PinnedStaging | None = None) -> StepInputs:
-    """Scheduled sequences must come decodes first (the scheduler's order); a speculative decode (query length
-    k + 1) runs through the prefill path's causal attention over its cached context. Host work is O(tokens) in
-    numpy; each tensor crosses to the device once. With `cascade` (the Triton backend, cascade attention
-    allowed), a step whose decodes share a long enough block-table prefix carries it in the metadata
-    (`cascade_prefix_blocks`). With `staging` (CUDA) the arrays cross in one copy from pinned memory."""
+                 staging: PinnedStaging | None = None, max_decode_rows: int | None = None) -> StepInputs:
+    """Scheduled sequences must come decodes first (the scheduler's order: decodes, speculative decodes, then
+    prefill chunks). Host work is O(tokens) in numpy; each tensor crosses to the device once. With `cascade`
+    (the Triton backend, cascade attention allowed), a step whose decodes share a long enough block-table prefix
+    carries it in the metadata (`cascade_prefix_blocks`). With `staging` (CUDA) the arrays cross in one copy
+    from pinned memory.
+
+    Decode rows (`decode_rows`): in a step of decodes only, a speculative decode of k + 1 tokens at positions
+    p .. p + k is given to the attention kernels as k + 1 decode rows, row j one query at position p + j with
+    context p + j + 1 over the request's block table (the KV of all k + 1 tokens is written before attention
+    reads it), so verification runs through the decode kernels and the decode CUDA graphs; tokens, positions,
+    slots and logits rows are the same as for one sequence of k + 1 queries. Only where the step's rows fit
+    `max_decode_rows` (the largest decode graph; None: no limit); otherwise a speculative decode is one
+    sequence of k + 1 queries through the prefill path's causal attention over its cached context."""
     scheduled = out.scheduled
-    num_seqs = len(scheduled)
-    query_lens = [s.num_new_tokens for s in scheduled]
-    starts = [s.start_position for s in scheduled]
+    item_lens = [s.num_new_tokens for s in scheduled]
+    starts, query_lens, tables_of = decode_rows(scheduled, max_decode_rows)
+    num_seqs = len(query_lens)
     context_lens = [a + n for a, n in zip(starts, query_lens)]
     cu = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(query_lens, out=cu[1:])
-    max_blocks = max(len(s.block_table) for s in scheduled)
+    max_blocks = max(len(t) for t in tables_of)
     tables = np.zeros((num_seqs, max_blocks), dtype=np.int32)
-    for row, item in enumerate(scheduled):
-        tables[row, : len(item.block_table)] = item.block_table
+    for row, table in enumerate(tables_of):
+        tables[row, : len(table)] = table
     num_decodes = 0
-    while num_decodes < num_seqs and scheduled[num_decodes].is_decode:
+    while num_decodes < num_seqs and query_lens[num_decodes] == 1 and starts[num_decodes] > 0:
         num_decodes += 1
-    if cu[-1] == num_seqs:  # one token per sequence (decode-only): no per-token expansion needed
+    if cu[-1] == len(scheduled):  # one token per scheduled sequence (decode-only): no per-token expansion needed
         positions = np.asarray(starts, dtype=np.int64)
         input_ids = np.fromiter((s.token_ids[0] for s in scheduled), dtype=np.int64, count=num_seqs)
         rows = np.arange(num_seqs)
@@ -73,7 +81,7 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, ca
     slots = tables[rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
     sampled_rows = [row for row, s in enumerate(scheduled) if s.needs_sample]
     num_logits = [scheduled[row].num_logits for row in sampled_rows]
-    ends = cu[1:][sampled_rows]
+    ends = np.cumsum(item_lens)[sampled_rows]  # each sampled sequence's end in the step's tokens
     if out.num_draft_tokens:  # each sampled row's last num_logits tokens
         counts = np.asarray(num_logits, dtype=np.int64)
         firsts = np.cumsum(counts) - counts
@@ -108,3 +116,20 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, ca
         meta.prefix_len, meta.prefix_blocks, *rest = rest
         meta.max_prefix_len = num_prefix_blocks * block_size
     return StepInputs(ids, pos, meta, indices, sampled_rows, num_logits, tuple(rest) if rest else None)
+
+
+def decode_rows(scheduled: list, max_decode_rows: int | None) -> tuple[list[int], list[int], list[list[int]]]:
+    """Per sequence as the attention kernels see it (start position, query length, block table): the scheduled
+    sequences, except that in a step of decodes only whose rows fit `max_decode_rows` a speculative decode of
+    k + 1 tokens is k + 1 decode rows (`build_inputs`)."""
+    decodes_only = all(s.is_decode or s.is_spec_decode for s in scheduled)
+    rows = sum(s.num_new_tokens for s in scheduled)
+    if not decodes_only or not any(s.is_spec_decode for s in scheduled) or (
+            max_decode_rows is not None and rows > max_decode_rows):
+        return ([s.start_position for s in scheduled], [s.num_new_tokens for s in scheduled],
+                [s.block_table for s in scheduled])
+    starts, tables = [], []
+    for s in scheduled:
+        starts.extend(range(s.start_position, s.start_position + s.num_new_tokens))
+        tables.extend([s.block_table] * s.num_new_tokens)
+    return starts, [1] * len(starts), tables

@@ -283,7 +283,10 @@ class ModelRunner:
         span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         if out.kv_offloads or out.kv_restores:  # before the forward that reads (and overwrites) these blocks
             self.offloader.run(out.kv_offloads, out.kv_restores)
-        inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade, staging=self.staging)
+        graphs = self.graph_runner
+        max_rows = graphs.decode_sizes[-1] if graphs is not None and graphs.decode_sizes else None
+        inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade, staging=self.staging,
+                              max_decode_rows=max_rows)
         inputs.patch_placeholders(None if previous is None else previous.tokens)
         token_slots = None if self.lora is None else self.lora.prepare(out)  # sets lora.ctx.active
         lora_active = self.lora.ctx.variant() if self.lora is not None else False

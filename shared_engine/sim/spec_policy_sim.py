@@ -146,14 +146,14 @@ def simulate(policy, batch: int, output_len: int, costs: SpecStepCosts, acceptan
 
 
 def predicted_ratio(policy_name: str, k: int, batch: int, output_len: int, costs: SpecStepCosts,
-                    acceptance: float, seed: int = 0) -> dict:
+                    acceptance: float, seed: int = 0, max_decode_rows: int = 448) -> dict:
     """The simulated throughput of `policy_name` ("always" / "auto") at k over speculation off's, with the
-    run's counts."""
+    run's counts; `max_decode_rows`: the engine's largest decode graph (the replay benchmark's max_num_seqs)."""
     from shared_engine.spec_decode.policy import make_policy
 
     config = SimpleNamespace(num_speculative_tokens=k, policy=policy_name)
     off = simulate(None, batch, output_len, costs, acceptance, seed)
     policy = make_policy(config)
-    policy.padding = (MIXED_MAX_SEQS, k)  # as the engine's CUDA graphs pad wider speculative steps
+    policy.padding = (MIXED_MAX_SEQS, k, max_decode_rows)  # as the engine's CUDA graphs run speculative steps
     on = simulate(policy, batch, output_len, costs, acceptance, seed)
     return {**on, "throughput_ratio": on["tokens_per_s"] / off["tokens_per_s"]}

@@ -18,13 +18,15 @@ only when its chance of being accepted beats the step time it adds per token of 
 batches (x large) or low acceptance every k_r is 0 and the step is plain decoding, and speculation comes back
 when the batch shrinks or a request's rate recovers.
 
-Padded steps: on CUDA a step that drafts for more than `padding[0]` requests (the graph runner's
-MAX_PREFILL_SEQS, 8) replays a varlen graph that runs every sequence of the step, plain decodes too, at
-`padding[1] + 1` query tokens (cuda_graph_runner.py), so its cost is that of padding[1] draft tokens for every
-sequence, whatever the requests drafted. `observe_step` counts such a step's draft tokens that way (given the
-number of drafting requests), and `_choose` compares the best step drafting for at most padding[0] requests
-(linear in draft tokens) with the best padded one (every drafting request at its most drafts, all sequences
-paid). Measured on the H200 at 0f88fd9 (spec_decode_h200_replay1000_0f88fd9.json, batch 448, k 5): 21 steps
+Padded steps: on CUDA a step of decodes whose tokens fit the largest decode graph (`padding[2]` rows) runs each
+speculative decode as k + 1 decode rows (input_builder.decode_rows), linear in draft tokens. A wider one that
+drafts for at most `padding[0]` requests (the graph runner's MAX_PREFILL_SEQS, 8) rides a mixed graph, also
+about linear; one that drafts for more replays a varlen graph that runs every sequence of the step, plain decodes
+too, at `padding[1] + 1` query tokens (cuda_graph_runner.py), so its cost is that of padding[1] draft tokens for
+every sequence, whatever the requests drafted. `observe_step` counts such a step's draft tokens that way (given
+the number of drafting requests), and `_choose` compares the best linear step (drafting for at most padding[0]
+requests, or for as many as fit the decode rows) with the best padded one (every drafting request at its most
+drafts, all sequences paid). Measured on the H200 at 0f88fd9 (spec_decode_h200_replay1000_0f88fd9.json, batch 448, k 5): 21 steps
 that drafted for more than 8 requests, each ~3.6x a plain step, took most of the 0.931x; the linear fit had
 priced them from 8-request steps. `padding` is None (no padding) on the CPU and without CUDA graphs.
 
@@ -102,7 +104,8 @@ class AutoPolicy:
         self._seconds = 0.0  # every observed step's
         self._probe_seconds = 0.0  # the probe steps' (all of each: what they cost is at most that)
         self._probe_pending = 0  # observations left in which a probe's step can still arrive
-        self.padding: tuple[int, int] | None = None  # (most drafting requests unpadded, padded drafts per sequence)
+        # (most drafting requests in a mixed graph, padded drafts per sequence, most decode rows); module docstring
+        self.padding: tuple[int, int, int] | None = None
 
     def observe_step(self, num_tokens: int, speculative: bool, seconds: float,
                      num_draft_tokens: int | None = None, num_drafting: int = 0) -> None:
@@ -111,7 +114,7 @@ class AutoPolicy:
         that drafted (beyond `padding[0]` the step is counted as `padding[1]` drafts for each of its sequences)."""
         drafts = (1 if speculative else 0) if num_draft_tokens is None else num_draft_tokens
         speculative = drafts > 0
-        if self.padding is not None and num_drafting > self.padding[0]:
+        if self.padding is not None and num_drafting > self.padding[0] and num_tokens > self.padding[2]:
             sequences = num_tokens - drafts  # one verified or plain-decode token per sequence
             drafts = sequences * self.padding[1]
             num_tokens = sequences + drafts
@@ -200,13 +203,14 @@ def _choose(fit: Fit, tables: list[list[float]], counts: list[int], num_running:
     """The draft length per group of requests (`counts[i]` requests with expected-token table `tables[i]`,
     E(0) .. E(k)) and how many of the group draft it (at most `cap` requests in all), maximising the step's
     tokens per second; all 0 where the plain step is best. `num_running` counts every decode in the step (those
-    not in a group get 1 token). With `padding` (module docstring), the better of the best step drafting for at
-    most padding[0] requests and the best padded step."""
-    if padding is None or cap <= padding[0]:
+    not in a group get 1 token). With `padding` (module docstring), the better of the best linear step and the
+    best padded one."""
+    if padding is None:
         return _dinkelbach(fit, tables, counts, num_running, cap)[:2]
-    limit, per_sequence = padding
-    narrow = _dinkelbach(fit, tables, counts, num_running, limit)
-    if sum(counts) <= limit:  # no step drafts for more than `limit` requests: never padded
+    limit, per_sequence, rows = padding
+    linear = min(cap, max(limit, (rows - num_running) // max(per_sequence, 1)))  # as decode rows or a mixed graph
+    narrow = _dinkelbach(fit, tables, counts, num_running, linear)
+    if cap <= linear or sum(counts) <= linear:  # no step drafts for more requests than that: never padded
         return narrow[:2]
     wide = _padded(fit, tables, counts, num_running, cap, num_running * per_sequence)
     return (wide if wide[2] > narrow[2] else narrow)[:2]

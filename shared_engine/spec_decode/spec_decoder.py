@@ -33,9 +33,9 @@ class SpecDecoder:
     def bind(self, block_manager) -> None:
         self.proposer.bind(block_manager)
 
-    def set_step_padding(self, padding: tuple[int, int] | None) -> None:
-        """How the model runner pads speculative steps (`CudaGraphRunner.spec_step_padding`): beyond
-        padding[0] drafting requests every sequence runs padding[1] + 1 query tokens; the policy prices that."""
+    def set_step_padding(self, padding: tuple[int, int, int] | None) -> None:
+        """How the model runner runs speculative steps (`CudaGraphRunner.spec_step_padding`), for the policy's
+        prices (auto_policy.py: decode rows, mixed graphs, padded varlen graphs)."""
         self.policy.padding = padding
 
     def wants_drafts(self, num_running: int) -> bool:
