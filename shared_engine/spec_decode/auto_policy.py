@@ -20,15 +20,16 @@ when the batch shrinks or a request's rate recovers.
 
 Padded steps: on CUDA a step of decodes whose tokens fit the largest decode graph (`padding[2]` rows) runs each
 speculative decode as k + 1 decode rows (input_builder.decode_rows), linear in draft tokens. A wider one that
-drafts for at most `padding[0]` requests (the graph runner's MAX_PREFILL_SEQS, 8) rides a mixed graph, also
-about linear; one that drafts for more replays a varlen graph that runs every sequence of the step, plain decodes
-too, at `padding[1] + 1` query tokens (cuda_graph_runner.py), so its cost is that of padding[1] draft tokens for
-every sequence, whatever the requests drafted. `observe_step` counts such a step's draft tokens that way (given
-the number of drafting requests), and `_choose` compares the best linear step (drafting for at most padding[0]
+drafts for at most `padding[0]` requests (the graph runner's MAX_PREFILL_SEQS, 8) rides a mixed graph, also about
+linear; one that drafts for more replays a varlen graph that runs every sequence of the step, plain decodes too,
+at `padding[1] + 1` query tokens (cuda_graph_runner.py), so its cost is that of padding[1] draft tokens for every
+sequence, whatever the requests drafted. `observe_step` counts such a step's draft tokens that way (given the
+number of drafting requests), and `_choose` compares the best linear step (drafting for at most padding[0]
 requests, or for as many as fit the decode rows) with the best padded one (every drafting request at its most
-drafts, all sequences paid). Measured on the H200 at 0f88fd9 (spec_decode_h200_replay1000_0f88fd9.json, batch 448, k 5): 21 steps
-that drafted for more than 8 requests, each ~3.6x a plain step, took most of the 0.931x; the linear fit had
-priced them from 8-request steps. `padding` is None (no padding) on the CPU and without CUDA graphs.
+drafts, all sequences paid). Measured on the H200 at 0f88fd9 (spec_decode_h200_replay1000_0f88fd9.json, batch
+448, k 5): 21 steps that drafted for more than 8 requests, each ~3.6x a plain step, took most of the 0.931x; the
+linear fit had priced them from 8-request steps. `padding` is None (no padding) on the CPU and without CUDA
+graphs.
 
 What a step costs is what the engine reports (engine/async_output.py): its device span plus the host time
 during which the device sat idle before it because the step in flight had to be resolved first, that bubble
