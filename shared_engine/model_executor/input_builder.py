@@ -46,13 +46,13 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, ca
     carries it in the metadata (`cascade_prefix_blocks`). With `staging` (CUDA) the arrays cross in one copy
     from pinned memory.
 
-    Decode rows (`decode_rows`): in a step of decodes only, a speculative decode of k + 1 tokens at positions
-    p .. p + k is given to the attention kernels as k + 1 decode rows, row j one query at position p + j with
-    context p + j + 1 over the request's block table (the KV of all k + 1 tokens is written before attention
-    reads it), so verification runs through the decode kernels and the decode CUDA graphs; tokens, positions,
-    slots and logits rows are the same as for one sequence of k + 1 queries. Only where the step's rows fit
-    `max_decode_rows` (the largest decode graph; None: no limit); otherwise a speculative decode is one
-    sequence of k + 1 queries through the prefill path's causal attention over its cached context."""
+    Decode rows (`decode_rows`): in a step of short continuations only (decodes, speculative decodes, a draft
+    model's step 0), a sequence of n tokens at positions p .. p + n - 1 is given to the attention kernels as n
+    decode rows, row j one query at position p + j with context p + j + 1 over the request's block table (the
+    KV of all n tokens is written before attention reads it), so a speculative step's verification runs through
+    the decode kernels and the decode CUDA graphs; tokens, positions, slots and logits rows are the same as for
+    one sequence of n queries. Only where the step's rows fit `max_decode_rows` (the largest decode graph; None:
+    no limit); otherwise such a sequence runs through the prefill path's causal attention over its context."""
     scheduled = out.scheduled
     item_lens = [s.num_new_tokens for s in scheduled]
     starts, query_lens, tables_of = decode_rows(scheduled, max_decode_rows)
@@ -118,14 +118,17 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, ca
     return StepInputs(ids, pos, meta, indices, sampled_rows, num_logits, tuple(rest) if rest else None)
 
 
+MAX_ROWS_PER_SEQUENCE = 16  # the longest query given to the kernels as decode rows (k + 2 for k <= 14)
+
+
 def decode_rows(scheduled: list, max_decode_rows: int | None) -> tuple[list[int], list[int], list[list[int]]]:
     """Per sequence as the attention kernels see it (start position, query length, block table): the scheduled
-    sequences, except that in a step of decodes only whose rows fit `max_decode_rows` a speculative decode of
-    k + 1 tokens is k + 1 decode rows (`build_inputs`)."""
-    decodes_only = all(s.is_decode or s.is_spec_decode for s in scheduled)
+    sequences, except that in a step where every sequence continues a cached context with at most
+    MAX_ROWS_PER_SEQUENCE tokens (decodes, speculative decodes, a draft model's step 0) and whose tokens fit
+    `max_decode_rows`, a sequence of n tokens is n decode rows (`build_inputs`)."""
+    short = all(s.start_position > 0 and s.num_new_tokens <= MAX_ROWS_PER_SEQUENCE for s in scheduled)
     rows = sum(s.num_new_tokens for s in scheduled)
-    if not decodes_only or not any(s.is_spec_decode for s in scheduled) or (
-            max_decode_rows is not None and rows > max_decode_rows):
+    if not short or rows == len(scheduled) or (max_decode_rows is not None and rows > max_decode_rows):
         return ([s.start_position for s in scheduled], [s.num_new_tokens for s in scheduled],
                 [s.block_table for s in scheduled])
     starts, tables = [], []

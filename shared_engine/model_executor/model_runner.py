@@ -216,6 +216,13 @@ class ModelRunner:
         del hidden
 
     @property
+    def max_decode_rows(self) -> int | None:
+        """The most rows a decode CUDA graph holds (None without graphs: any number of decode rows runs
+        eagerly); bounds the steps whose short sequences `build_inputs` gives the kernels as decode rows."""
+        graphs = self.graph_runner
+        return graphs.decode_sizes[-1] if graphs is not None and graphs.decode_sizes else None
+
+    @property
     def kv_bytes_per_block(self) -> int:
         """Bytes of one KV block on the rank that holds the most KV heads (all ranks share one block table)."""
         a = self.arch
@@ -283,10 +290,8 @@ class ModelRunner:
         span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         if out.kv_offloads or out.kv_restores:  # before the forward that reads (and overwrites) these blocks
             self.offloader.run(out.kv_offloads, out.kv_restores)
-        graphs = self.graph_runner
-        max_rows = graphs.decode_sizes[-1] if graphs is not None and graphs.decode_sizes else None
         inputs = build_inputs(out, self.block_size, self.device, cascade=self.enable_cascade, staging=self.staging,
-                              max_decode_rows=max_rows)
+                              max_decode_rows=self.max_decode_rows)
         inputs.patch_placeholders(None if previous is None else previous.tokens)
         token_slots = None if self.lora is None else self.lora.prepare(out)  # sets lora.ctx.active
         lora_active = self.lora.ctx.variant() if self.lora is not None else False

@@ -223,7 +223,7 @@ class DraftModelRunner:
                 if n < len(tokens):
                     rest.append((r, tokens[max(n, 0):], start + max(n, 0), table))
             self._forward(build_inputs(SchedulerOutput(items, num_batched_tokens=used), self.block_size, self.device,
-                                  staging=self.runner.staging))
+                                  staging=self.runner.staging, max_decode_rows=self.runner.max_decode_rows))
             self.num_caught_up_tokens += used
             for item in items:
                 self.validity.computed(item.block_table, item.start_position, item.context_len)
@@ -262,7 +262,7 @@ class DraftModelRunner:
                                   tables[i], True) for i in rows]
         inputs = build_inputs(SchedulerOutput(items, num_batched_tokens=sum(len(t.token_ids) for t in items)),
                               self.block_size, self.device,
-                                  staging=self.runner.staging)
+                                  staging=self.runner.staging, max_decode_rows=self.runner.max_decode_rows)
         for i in rows:
             self.validity.computed(live[i], starts[i], computed[i])
             self.num_owed_tokens += computed[i] - starts[i]
@@ -313,7 +313,7 @@ class DraftModelRunner:
             tables, computed, tokens = after
             items = [ScheduledRequest(requests[i], [0], computed[i] + 1, tables[i], True) for i in rows]
             inputs = build_inputs(SchedulerOutput(items, num_batched_tokens=len(items)), self.block_size, self.device,
-                                  staging=self.runner.staging)
+                                  staging=self.runner.staging, max_decode_rows=self.runner.max_decode_rows)
         key = self.fused.select(len(rows), steps, inputs.meta.block_tables.shape[1])
         if key is None:
             return None
@@ -335,7 +335,7 @@ class DraftModelRunner:
             items = [ScheduledRequest(requests[i], [-(position[i] + 1)], requests[i].num_computed_tokens + step,
                                       tables[i], True) for i in active]
             inputs = build_inputs(SchedulerOutput(items, num_batched_tokens=len(items)), self.block_size, self.device,
-                                  staging=self.runner.staging)
+                                  staging=self.runner.staging, max_decode_rows=self.runner.max_decode_rows)
             inputs.patch_placeholders(previous)
             hidden = self._forward(inputs)
             logits = self.model.compute_logits(hidden[inputs.sample_indices])  # [len(active), vocab]

@@ -61,3 +61,14 @@ def test_decode_rows_attend_as_the_causal_prefill_path():
         kc, vc = k_cache.clone(), v_cache.clone()
         results.append(TorchPagedAttention().forward(q, k, v, kc, vc, inputs.meta, dim ** -0.5))
     np.testing.assert_allclose(results[0].numpy(), results[1].numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_draft_models_step_zero_also_runs_as_decode_rows():
+    """A proposal's step 0 (each request's owed verified tokens and its last one, no drafts) continues cached
+    contexts with a few tokens: decode rows too; a chunk of more than MAX_ROWS_PER_SEQUENCE tokens is not."""
+    items = [_item("a", [7], 20, [3, 4]), _item("b", [8, 9, 10], 5, [9])]
+    meta = build_inputs(SchedulerOutput(items, num_batched_tokens=4), 16, torch.device("cpu")).meta
+    assert (meta.num_decodes, meta.num_seqs, meta.context_lens_list) == (4, 4, [21, 6, 7, 8])
+    long = [_item("a", [7], 20, [3, 4]), _item("b", list(range(17)), 5, [9, 10])]
+    meta = build_inputs(SchedulerOutput(long, num_batched_tokens=18), 16, torch.device("cpu")).meta
+    assert (meta.num_decodes, meta.num_seqs) == (1, 2)
