@@ -138,6 +138,7 @@ class ModelRunner:
         self.num_cuda_graphs = 0
         self.graph_steps = 0  # steps replayed from a CUDA graph (the rest ran eagerly)
         self.mixed_graph_steps = 0  # of those, steps with prefill chunks
+        self.decode_row_steps = 0  # steps whose short multi-token sequences ran as decode rows (input_builder.py)
         self.cascade_steps = 0  # steps whose decodes ran cascade attention (graphed or eager)
         self.cascade_graph_steps = 0  # of those, steps replayed from a cascade graph
         self.base_only_graph_steps = 0  # LoRA engine: graph steps replayed without the LoRA layers (no adapter)
@@ -296,6 +297,7 @@ class ModelRunner:
         token_slots = None if self.lora is None else self.lora.prepare(out)  # sets lora.ctx.active
         lora_active = self.lora.ctx.variant() if self.lora is not None else False
         self.cascade_steps += inputs.meta.use_cascade
+        self.decode_row_steps += inputs.meta.num_seqs != len(out.scheduled)
         if cuda:
             span[0].record()
         num_tokens = inputs.input_ids.shape[0]

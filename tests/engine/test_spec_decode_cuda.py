@@ -50,7 +50,8 @@ def test_greedy_identity_on_cuda_with_graphs(small_model_dir, async_scheduling):
     engine = on.engine
     assert engine.stats.spec.num_accepted_tokens_total > 50
     assert engine.runner.graph_steps > 0 and engine.runner.mixed_graph_steps > 0
-    assert engine.runner.varlen_graph_steps > 0  # the steps of 9-12 speculative decodes
+    assert engine.runner.varlen_graph_steps > 0  # the steps of 9-12 speculative decodes (72 rows > 16)
+    assert engine.runner.decode_row_steps > 0  # the steps of 1-2 (decode rows in the decode graphs)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

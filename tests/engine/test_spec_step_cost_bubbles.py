@@ -63,6 +63,7 @@ def test_a_speculative_step_is_charged_the_idle_its_drafts_caused(tiny_model_dir
     while engine.has_unfinished_requests():
         engine.step()
     assert any(d for d, _ in observed) and any(not d for d, _ in observed[1:])
+    assert engine.runner.decode_row_steps > 0  # the speculative steps' verification ran as decode rows
     # the policy `always` may draft on every step, so every launch waited for the step before it: the idle before
     # each launch is charged once, to the step before it when that one had drafts, else to the launched step
     for (drafts, seconds), nxt in zip(observed, observed[1:] + [None]):
