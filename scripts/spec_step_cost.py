@@ -34,7 +34,7 @@ class StepLog:
         del spec.on_step, spec.propose  # back to the class's methods
 
 
-_RUNNER_COUNTERS = ("graph_steps", "mixed_graph_steps", "varlen_graph_steps")
+_RUNNER_COUNTERS = ("graph_steps", "mixed_graph_steps", "varlen_graph_steps", "decode_row_steps")
 # GPU ms per step: propose = whole proposals, their step 0 included (which now also computes the verified
 # positions' draft KV, the mirror's work before); first_step = that step 0 where it ran as a forward of its own
 # (not inside a fused graph); mirror = mirror forwards (now steps with a prompt chunk only; before, every
