@@ -104,7 +104,9 @@ def _spec_run(llm, engine, spec, base, prompts, truth, out_len, k, policy, rate,
 
     spec.proposer.acceptance_rate = rate
     spec.proposer.reseed(seed)
-    spec.policy = make_policy(dataclasses.replace(base, num_speculative_tokens=k, policy=policy))
+    fresh = make_policy(dataclasses.replace(base, num_speculative_tokens=k, policy=policy))
+    fresh.padding = spec.policy.padding  # how the engine's graphs run speculative steps (SpecDecoder.set_step_padding)
+    spec.policy = fresh
     steps = StepLog(spec)
     before = spec_counts(engine)
     first_before = list(engine.stats.spec.accepted_per_pos_total[:1]) or [0]

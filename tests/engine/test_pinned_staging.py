@@ -38,7 +38,7 @@ def test_build_inputs_with_staging_equals_pageable_copies():
     rng = np.random.default_rng(1)
     items = []
     for i in range(40):  # decodes (one with a placeholder), a speculative decode, then prefill chunks
-        table = [int(b) for b in rng.permutation(400)[:9]]
+        table = [int(b) for b in rng.permutation(400)[:12]]
         request = Request(f"r{i}", [1] * 120, SamplingParams(max_tokens=8), max_tokens=8)
         if i < 30:
             items.append(ScheduledRequest(request, [-(i % 3 + 1)] if i == 7 else [int(rng.integers(1000))],
@@ -46,7 +46,8 @@ def test_build_inputs_with_staging_equals_pageable_copies():
         elif i == 30:
             items.append(ScheduledRequest(request, [5, 6, 7, 8], 90, table, True, num_draft_tokens=3))
         else:
-            items.append(ScheduledRequest(request, [int(t) for t in rng.integers(1000, size=13)], 16 * (i - 30),
+            # a chunk from position 0 among them: the prefill path (no decode rows)
+            items.append(ScheduledRequest(request, [int(t) for t in rng.integers(1000, size=13)], 16 * (i - 31),
                                           table, i % 2 == 0))
     out = SchedulerOutput(items, num_batched_tokens=sum(len(s.token_ids) for s in items), num_draft_tokens=3)
     device = torch.device("cuda")
