@@ -29,7 +29,11 @@ from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
 from shared_engine.model_executor.pinned_staging import PinnedStaging
 from shared_engine.model_executor.pinned_staging import enabled as pinned_inputs_enabled
-from shared_engine.model_executor.prompt_logprobs import PROMPT_LOGPROBS_CHUNK, prompt_token_entries
+from shared_engine.model_executor.prompt_logprobs import (
+    PROMPT_LOGPROBS_CHUNK,
+    prompt_token_entries,
+    step_prompt_logprobs,
+)
 from shared_engine.model_loader.model_source import ModelSource
 from shared_engine.model_loader.weight_loader import init_dummy, load_safetensors
 from shared_engine.outputs import Logprob
@@ -318,7 +322,7 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         if self.lora is not None:
             self.lora.step_enqueued()  # with a slot-load stream: later loads into this step's slots wait for it
-        prompt_logprobs = self._prompt_logprobs(out, hidden, inputs)
+        prompt_logprobs = step_prompt_logprobs(self.model.compute_logits, out, hidden)
         requests = [out.scheduled[row].request for row in inputs.sampled_rows]
         tokens = token_ids = raw_logprobs = copied = None
         if requests:
@@ -385,26 +389,6 @@ class ModelRunner:
         if self.broadcast_sampled:
             tp_broadcast(emitted)
         return emitted, raw_logprobs
-
-    def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, inputs) -> dict[str, list]:
-        """Log-probability of each prompt token given the ones before it (for `prompt_logprobs`/echo), in
-        chunks of bounded memory (prompt_logprobs.py)."""
-        result = {}
-        offset = 0
-        for item in out.scheduled:
-            n = item.num_new_tokens
-            request = item.request
-            if request.sampling_params.prompt_logprobs is not None and item.start_position < request.num_prompt_tokens:
-                end = min(item.context_len, request.num_prompt_tokens)
-                targets = request.prompt_token_ids[item.start_position + 1 : end + 1]
-                entries = prompt_token_entries(self.model.compute_logits, hidden[offset : offset + len(targets)],
-                                               targets, request.sampling_params.prompt_logprobs)
-                if item.start_position == 0:
-                    result[request.request_id] = (0, [None, *entries])
-                else:
-                    result[request.request_id] = (item.start_position + 1, entries)
-            offset += n
-        return result
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)

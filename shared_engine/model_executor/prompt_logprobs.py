@@ -54,3 +54,26 @@ def prompt_token_entries(compute_logits: Callable[[torch.Tensor], torch.Tensor],
             entry[token] = Logprob(value, rank=ranks[i])
             entries.append(entry)
     return entries
+
+
+def step_prompt_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tensor], out,
+                         hidden: torch.Tensor) -> dict[str, tuple[int, list]]:
+    """A step's prompt logprobs (`SchedulerOutput` `out`, its final hidden states `[num_tokens, hidden_size]` in
+    the step's token order): for each request asking for `prompt_logprobs` whose prompt the step reaches,
+    (index of its first entry, entries: `prompt_token_entries` of each prompt token given the ones before it,
+    `None` first for position 0), in chunks of bounded memory."""
+    result = {}
+    offset = 0
+    for item in out.scheduled:
+        request = item.request
+        if request.sampling_params.prompt_logprobs is not None and item.start_position < request.num_prompt_tokens:
+            end = min(item.context_len, request.num_prompt_tokens)
+            targets = request.prompt_token_ids[item.start_position + 1 : end + 1]
+            entries = prompt_token_entries(compute_logits, hidden[offset : offset + len(targets)], targets,
+                                           request.sampling_params.prompt_logprobs)
+            if item.start_position == 0:
+                result[request.request_id] = (0, [None, *entries])
+            else:
+                result[request.request_id] = (item.start_position + 1, entries)
+        offset += item.num_new_tokens
+    return result
