@@ -53,14 +53,10 @@ SWEPT += [t for t in dict.fromkeys(
 ) if t not in SWEPT]
 
 
-@pytest.mark.parametrize("block_m,block_n,reverse,prefetch,lazy", SWEPT)
-def test_every_swept_tile_shape_matches_reference(device, block_m, block_n, reverse, prefetch, lazy):
-    """The bench's tile shapes (TILE_CONFIGS) on sequences longer than a 128-row tile, with and without a
-    cached prefix that is not a multiple of any tile, over an FP8 cache, tiles in launch order and reversed
-    (longest first), block ids prefetched or not, lazy rescaling or not: the H200 sweep times only correct
-    configurations.
-    (num_warps / num_stages do not change the result; the interpreter ignores them.)"""
-    gen = torch.Generator().manual_seed(block_m + block_n)
+def _fp8_two_sequences_case(device, seed: int, **options) -> None:
+    """Sequences longer than a 128-row tile, with and without a cached prefix that is not a multiple of any
+    tile, over an FP8 cache: the kernel with `options` (none: the launcher's defaults) against the reference."""
+    gen = torch.Generator().manual_seed(seed)
     q_lens, prefixes, hq, hk, d, bs = [137, 9], [0, 150], 4, 2, 32, 16
     ctx = [q + p for q, p in zip(q_lens, prefixes)]
     k_cache, v_cache, bt, lens = make_paged_kv(ctx, hk, d, bs, torch.float32, device, gen=gen)
@@ -68,28 +64,25 @@ def test_every_swept_tile_shape_matches_reference(device, block_m, block_n, reve
     cu = torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32, device=device)
     q = torch.randn(sum(q_lens), hq, d, generator=gen).to(device)
     out = poisoned(q.shape, q.dtype, device)
-    paged_prefill_attention(q, k8, v8, bt, cu, lens, d**-0.5, max(q_lens), out=out, block_m=block_m,
-                            block_n=block_n, k_scale=0.01, v_scale=0.02, reverse_tiles=reverse, prefetch=prefetch,
-                            lazy_rescale=lazy)
+    paged_prefill_attention(q, k8, v8, bt, cu, lens, d**-0.5, max(q_lens), out=out, k_scale=0.01, v_scale=0.02,
+                            **options)
     ref = paged_prefill_attention_ref(q, dequantize_fp8_ref(k8, 0.01), dequantize_fp8_ref(v8, 0.02), bt, cu, lens,
                                       d**-0.5)
     assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
+
+
+@pytest.mark.parametrize("block_m,block_n,reverse,prefetch,lazy", SWEPT)
+def test_every_swept_tile_shape_matches_reference(device, block_m, block_n, reverse, prefetch, lazy):
+    """The bench's tile shapes (TILE_CONFIGS) over an FP8 cache, tiles in launch order and reversed (longest
+    first), block ids prefetched or not, lazy rescaling or not: the H200 sweep times only correct
+    configurations. (num_warps / num_stages do not change the result; the interpreter ignores them.)"""
+    _fp8_two_sequences_case(device, block_m + block_n, block_m=block_m, block_n=block_n, reverse_tiles=reverse,
+                            prefetch=prefetch, lazy_rescale=lazy)
 
 
 def test_fp8_cache_with_the_launchers_defaults_matches_reference(device):
     """No tile or loop option given over an FP8 cache: FP8_DEFAULTS (reverse_tiles included) as the engine runs them."""
-    gen = torch.Generator().manual_seed(5)
-    q_lens, prefixes, hq, hk, d, bs = [137, 9], [0, 150], 4, 2, 32, 16
-    ctx = [q + p for q, p in zip(q_lens, prefixes)]
-    k_cache, v_cache, bt, lens = make_paged_kv(ctx, hk, d, bs, torch.float32, device, gen=gen)
-    k8, v8 = quantize_fp8_ref(k_cache, 0.01), quantize_fp8_ref(v_cache, 0.02)
-    cu = torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32, device=device)
-    q = torch.randn(sum(q_lens), hq, d, generator=gen).to(device)
-    out = poisoned(q.shape, q.dtype, device)
-    paged_prefill_attention(q, k8, v8, bt, cu, lens, d**-0.5, max(q_lens), out=out, k_scale=0.01, v_scale=0.02)
-    ref = paged_prefill_attention_ref(q, dequantize_fp8_ref(k8, 0.01), dequantize_fp8_ref(v8, 0.02), bt, cu, lens,
-                                      d**-0.5)
-    assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
+    _fp8_two_sequences_case(device, 5)
 
 
 def _scale_keys_by_position(k_cache, bt, ctx, bs, steps):
