@@ -39,23 +39,25 @@ class StepInputs:
 
 
 def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, cascade: bool = False,
-                 staging: PinnedStaging | None = None, max_decode_rows: int | None = None) -> StepInputs:
+                 staging: PinnedStaging | None = None, max_decode_rows: int | None = None,
+                 short_chunks_as_rows: bool = False) -> StepInputs:
     """Scheduled sequences must come decodes first (the scheduler's order: decodes, speculative decodes, then
     prefill chunks). Host work is O(tokens) in numpy; each tensor crosses to the device once. With `cascade`
     (the Triton backend, cascade attention allowed), a step whose decodes share a long enough block-table prefix
     carries it in the metadata (`cascade_prefix_blocks`). With `staging` (CUDA) the arrays cross in one copy
     from pinned memory.
 
-    Decode rows (`decode_rows`): in a step of short continuations only (decodes, speculative decodes, a draft
-    model's step 0), a sequence of n tokens at positions p .. p + n - 1 is given to the attention kernels as n
-    decode rows, row j one query at position p + j with context p + j + 1 over the request's block table (the
-    KV of all n tokens is written before attention reads it), so a speculative step's verification runs through
-    the decode kernels and the decode CUDA graphs; tokens, positions, slots and logits rows are the same as for
-    one sequence of n queries. Only where the step's rows fit `max_decode_rows` (the largest decode graph; None:
-    no limit); otherwise such a sequence runs through the prefill path's causal attention over its context."""
+    Decode rows (`decode_rows`): in a step of decodes and speculative decodes only (with `short_chunks_as_rows`,
+    of short continuations: a draft model's step 0), a sequence of n tokens at positions p .. p + n - 1 is given
+    to the attention kernels as n decode rows, row j one query at position p + j with context p + j + 1 over the
+    request's block table (the KV of all n tokens is written before attention reads it), so a speculative step's
+    verification runs through the decode kernels and the decode CUDA graphs; tokens, positions, slots and logits
+    rows are the same as for one sequence of n queries. Only where the step's rows fit `max_decode_rows` (the
+    largest decode graph; None: no limit); otherwise such a sequence runs through the prefill path's causal
+    attention over its context."""
     scheduled = out.scheduled
     item_lens = [s.num_new_tokens for s in scheduled]
-    starts, query_lens, tables_of = decode_rows(scheduled, max_decode_rows)
+    starts, query_lens, tables_of = decode_rows(scheduled, max_decode_rows, short_chunks_as_rows)
     num_seqs = len(query_lens)
     context_lens = [a + n for a, n in zip(starts, query_lens)]
     cu = np.zeros(num_seqs + 1, dtype=np.int64)
@@ -121,12 +123,19 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, ca
 MAX_ROWS_PER_SEQUENCE = 16  # the longest query given to the kernels as decode rows (k + 2 for k <= 14)
 
 
-def decode_rows(scheduled: list, max_decode_rows: int | None) -> tuple[list[int], list[int], list[list[int]]]:
+def decode_rows(scheduled: list, max_decode_rows: int | None,
+                short_chunks: bool = False) -> tuple[list[int], list[int], list[list[int]]]:
     """Per sequence as the attention kernels see it (start position, query length, block table): the scheduled
-    sequences, except that in a step where every sequence continues a cached context with at most
-    MAX_ROWS_PER_SEQUENCE tokens (decodes, speculative decodes, a draft model's step 0) and whose tokens fit
-    `max_decode_rows`, a sequence of n tokens is n decode rows (`build_inputs`)."""
-    short = all(s.start_position > 0 and s.num_new_tokens <= MAX_ROWS_PER_SEQUENCE for s in scheduled)
+    sequences, except that in a step of decodes and speculative decodes only (with `short_chunks`, of sequences
+    that each continue a cached context with at most MAX_ROWS_PER_SEQUENCE tokens: a draft model's step 0) whose
+    tokens fit `max_decode_rows`, a sequence of n tokens is n decode rows (`build_inputs`). A target step with a
+    prompt chunk keeps it as a sequence (its decodes keep their shared-prefix cascade, which rows of a chunk
+    sharing nothing would turn off)."""
+    if short_chunks:
+        short = all(s.start_position > 0 and s.num_new_tokens <= MAX_ROWS_PER_SEQUENCE for s in scheduled)
+    else:
+        short = all(s.is_decode or (s.is_spec_decode and s.num_new_tokens <= MAX_ROWS_PER_SEQUENCE)
+                    for s in scheduled)
     rows = sum(s.num_new_tokens for s in scheduled)
     if not short or rows == len(scheduled) or (max_decode_rows is not None and rows > max_decode_rows):
         return ([s.start_position for s in scheduled], [s.num_new_tokens for s in scheduled],

@@ -261,8 +261,8 @@ class DraftModelRunner:
         items = [ScheduledRequest(requests[i], requests[i].token_ids_slice(starts[i], computed[i] + 1), starts[i],
                                   tables[i], True) for i in rows]
         inputs = build_inputs(SchedulerOutput(items, num_batched_tokens=sum(len(t.token_ids) for t in items)),
-                              self.block_size, self.device,
-                                  staging=self.runner.staging, max_decode_rows=self.runner.max_decode_rows)
+                              self.block_size, self.device, staging=self.runner.staging,
+                              max_decode_rows=self.runner.max_decode_rows, short_chunks_as_rows=True)
         for i in rows:
             self.validity.computed(live[i], starts[i], computed[i])
             self.num_owed_tokens += computed[i] - starts[i]

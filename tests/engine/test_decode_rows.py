@@ -67,8 +67,13 @@ def test_a_draft_models_step_zero_also_runs_as_decode_rows():
     """A proposal's step 0 (each request's owed verified tokens and its last one, no drafts) continues cached
     contexts with a few tokens: decode rows too; a chunk of more than MAX_ROWS_PER_SEQUENCE tokens is not."""
     items = [_item("a", [7], 20, [3, 4]), _item("b", [8, 9, 10], 5, [9])]
-    meta = build_inputs(SchedulerOutput(items, num_batched_tokens=4), 16, torch.device("cpu")).meta
+    out = SchedulerOutput(items, num_batched_tokens=4)
+    meta = build_inputs(out, 16, torch.device("cpu"), short_chunks_as_rows=True).meta
     assert (meta.num_decodes, meta.num_seqs, meta.context_lens_list) == (4, 4, [21, 6, 7, 8])
     long = [_item("a", [7], 20, [3, 4]), _item("b", list(range(17)), 5, [9, 10])]
-    meta = build_inputs(SchedulerOutput(long, num_batched_tokens=18), 16, torch.device("cpu")).meta
+    meta = build_inputs(SchedulerOutput(long, num_batched_tokens=18), 16, torch.device("cpu"),
+                        short_chunks_as_rows=True).meta
+    assert (meta.num_decodes, meta.num_seqs) == (1, 2)
+    # a target step's short prompt chunk stays a sequence (the decodes keep their shared-prefix cascade)
+    meta = build_inputs(out, 16, torch.device("cpu")).meta
     assert (meta.num_decodes, meta.num_seqs) == (1, 2)

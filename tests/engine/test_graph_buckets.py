@@ -136,7 +136,9 @@ def test_varlen_buffers_hold_the_step_then_padding():
         items.append(ScheduledRequest(request, tokens, 20 + i, [i, 20 + i, 40 + i], True, drafts))
     out = SchedulerOutput(items, num_batched_tokens=sum(len(s.token_ids) for s in items),
                           num_draft_tokens=sum(s.num_draft_tokens for s in items))
-    inputs = build_inputs(out, 16, torch.device("cpu"))
+    # too wide for decode rows (its 42 tokens would fit this runner's 64-row decode graph: say 32 is the largest,
+    # so that the step takes the varlen path this test is about)
+    inputs = build_inputs(out, 16, torch.device("cpu"), max_decode_rows=32)
     n = inputs.input_ids.shape[0]
     key = (*runner._bucket(inputs.meta, n), False, False)
     assert key[:2] == (-16, 96)
