@@ -57,7 +57,8 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, ca
     attention over its context."""
     scheduled = out.scheduled
     item_lens = [s.num_new_tokens for s in scheduled]
-    starts, query_lens, tables_of = decode_rows(scheduled, max_decode_rows, short_chunks_as_rows)
+    starts, query_lens, tables_of = decode_rows(scheduled, max_decode_rows, short_chunks_as_rows,
+                                                out.num_draft_tokens > 0)
     num_seqs = len(query_lens)
     context_lens = [a + n for a, n in zip(starts, query_lens)]
     cu = np.zeros(num_seqs + 1, dtype=np.int64)
@@ -123,20 +124,23 @@ def build_inputs(out: SchedulerOutput, block_size: int, device: torch.device, ca
 MAX_ROWS_PER_SEQUENCE = 16  # the longest query given to the kernels as decode rows (k + 2 for k <= 14)
 
 
-def decode_rows(scheduled: list, max_decode_rows: int | None,
-                short_chunks: bool = False) -> tuple[list[int], list[int], list[list[int]]]:
+def decode_rows(scheduled: list, max_decode_rows: int | None, short_chunks: bool = False,
+                has_drafts: bool = True) -> tuple[list[int], list[int], list[list[int]]]:
     """Per sequence as the attention kernels see it (start position, query length, block table): the scheduled
     sequences, except that in a step of decodes and speculative decodes only (with `short_chunks`, of sequences
     that each continue a cached context with at most MAX_ROWS_PER_SEQUENCE tokens: a draft model's step 0) whose
     tokens fit `max_decode_rows`, a sequence of n tokens is n decode rows (`build_inputs`). A target step with a
     prompt chunk keeps it as a sequence (its decodes keep their shared-prefix cascade, which rows of a chunk
-    sharing nothing would turn off)."""
-    if short_chunks:
+    sharing nothing would turn off). `has_drafts` False (a step without speculative decodes) skips the checks:
+    the plain layout, with no pass over the step (the large-batch decode step's hot path)."""
+    if not short_chunks and not has_drafts:
+        short = False
+    elif short_chunks:
         short = all(s.start_position > 0 and s.num_new_tokens <= MAX_ROWS_PER_SEQUENCE for s in scheduled)
     else:
         short = all(s.is_decode or (s.is_spec_decode and s.num_new_tokens <= MAX_ROWS_PER_SEQUENCE)
                     for s in scheduled)
-    rows = sum(s.num_new_tokens for s in scheduled)
+    rows = sum(s.num_new_tokens for s in scheduled) if short else 0
     if not short or rows == len(scheduled) or (max_decode_rows is not None and rows > max_decode_rows):
         return ([s.start_position for s in scheduled], [s.num_new_tokens for s in scheduled],
                 [s.block_table for s in scheduled])
