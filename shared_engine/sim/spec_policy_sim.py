@@ -103,10 +103,11 @@ class _Request:
 
 
 def simulate(policy, batch: int, output_len: int, costs: SpecStepCosts, acceptance: float,
-             seed: int = 0) -> dict:
-    """One run of `policy` (a `make_policy` policy, or None: speculation off). Returns steps, speculative
-    steps, early-resolved steps, seconds (prefill step included), tokens, tokens per second and the largest
-    number of requests that drafted in one step."""
+             seed: int = 0, spikes: dict[int, float] | None = None) -> dict:
+    """One run of `policy` (a `make_policy` policy, or None: speculation off). `spikes`: extra seconds added to
+    decode step i (0-based, after the prefill), for what a step's shape does not explain (a garbage-collector
+    pause, a first-use compile). Returns steps, speculative steps, early-resolved steps, seconds (prefill step
+    included), tokens, tokens per second and the largest number of requests that drafted in one step."""
     rng = random.Random(seed)
     requests = [_Request() for _ in range(batch)]
     produced = [1] * batch  # the prefill's token
@@ -132,6 +133,7 @@ def simulate(policy, batch: int, output_len: int, costs: SpecStepCosts, acceptan
             produced[i] = min(output_len, produced[i] + accepted + 1)
         drafts, drafting = sum(ks), sum(1 for k in ks if k)
         step = costs.step_s(len(live), drafting, drafts) + (early_s if resolved and not drafts else 0.0)
+        step += (spikes or {}).get(steps, 0.0)
         if policy is not None:
             policy.observe_step(len(live) + drafts, drafts > 0, step, drafts, drafting)
         seconds += step

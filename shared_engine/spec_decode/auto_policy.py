@@ -74,6 +74,8 @@ _PRIOR_DRAFTS = 4
 _PRIOR_RATE = 0.5
 _ITERATIONS = 4
 _PROBE_SHARE = 0.01  # of observed step time, the most that probes (steps drafting with c2 unknown) may take
+_SPIKE_FACTOR = 3.0  # a step this many times what the other steps predict for it is left out of the fit (`_spikes`)
+_FREE_PROBES = 1  # probes not counted against `_PROBE_SHARE` (besides those `_may_probe` finds were spikes)
 _PROBE_REQUESTS = 8  # the most requests a probe drafts for, and the least that widening allows (= MAX_PREFILL_SEQS)
 
 
@@ -96,14 +98,16 @@ class AutoPolicy:
     def __init__(self, config) -> None:
         self.k = config.num_speculative_tokens
         self._steps: deque[tuple[int, int, float]] = deque(maxlen=_WINDOW)  # (tokens, draft tokens, seconds)
-        self._num_speculative = 0  # steps with drafts in `_steps`
         self._fit: Fit | None = None
+        self._fit_speculative = 0  # speculative steps the fit kept (`_least_squares`: not spikes)
         self._dirty = False
         self._last_drafted = True  # the last `num_drafts` gave some request a draft
         self._width = 0  # requests the last `num_drafts` gave drafts to (the next may give at most twice as many)
         self._last_rates: list[tuple[float, int]] = []  # the last `num_drafts`'s rates, highest first, counted
         self._seconds = 0.0  # every observed step's
         self._probe_seconds = 0.0  # the probe steps' (all of each: what they cost is at most that)
+        self._num_probes = 0  # probes chosen so far
+        self._probe_steps: deque[tuple[int, float]] = deque(maxlen=16)  # the last probes' (non-draft tokens, s)
         self._probe_pending = 0  # observations left in which a probe's step can still arrive
         # (most drafting requests in a mixed graph, padded drafts per sequence, most decode rows); module docstring
         self.padding: tuple[int, int, int] | None = None
@@ -119,33 +123,43 @@ class AutoPolicy:
             sequences = num_tokens - drafts  # one verified or plain-decode token per sequence
             drafts = sequences * self.padding[1]
             num_tokens = sequences + drafts
-        if len(self._steps) == self._steps.maxlen:
-            self._num_speculative -= self._steps[0][1] > 0
         self._steps.append((num_tokens, drafts, seconds))
-        self._num_speculative += speculative
         self._dirty = True
         self._seconds += seconds
         if self._probe_pending:  # a probe's step arrives within two observations (one step late when async)
             self._probe_pending = 0 if speculative else self._probe_pending - 1
             self._probe_seconds += seconds if speculative else 0.0
+            if speculative:
+                self._probe_steps.append((num_tokens - drafts, seconds))
 
     def step_time(self) -> Fit | None:
         """(c0 seconds, c1 seconds per non-draft token, c2 seconds per speculative step, c3 seconds per draft
         token), or None before enough varied steps; c2 = c3 = 0 while no step in the window drafted."""
         if self._dirty and len(self._steps) >= _MIN_STEPS:
             self._dirty = False
-            self._fit = _least_squares(self._steps, self._fit) or self._fit
+            fitted = _least_squares(self._steps, self._fit)
+            if fitted is not None:
+                self._fit, self._fit_speculative = fitted
         return self._fit
 
     def _probing(self, fit) -> bool:
-        """Whether a step with drafts now would be a probe: no fit yet, or none of the window's steps drafted
-        (so c2 and c3 are unknown)."""
-        return fit is None or self._num_speculative == 0
+        """Whether a step with drafts now would be a probe: no fit yet, or none of the steps it kept drafted
+        (none of the window's did, or those that did were spikes), so c2 and c3 are unknown."""
+        return fit is None or self._fit_speculative == 0
 
-    def _may_probe(self) -> bool:
-        """A probe only while the probes' steps so far cost at most `_PROBE_SHARE` of all observed step time
-        (the first is free), and none is in flight."""
-        return not self._probe_pending and self._probe_seconds <= _PROBE_SHARE * self._seconds
+    def _may_probe(self, fit: Fit | None) -> bool:
+        """A probe only while none is in flight and the probes' steps so far cost at most `_PROBE_SHARE` of all
+        observed step time, the first `_FREE_PROBES` free. A probe whose step took more than `_SPIKE_FACTOR` times
+        the fit's plain step of its tokens was a spike (`_spikes`; one of the last 16 probes): it is neither
+        charged nor counted, so one slow first probe (at batch 1 the only one the budget allows for seconds)
+        does not keep speculation off."""
+        if self._probe_pending:
+            return False
+        spiked = 0.0 if fit is None else [s for t, s in self._probe_steps
+                                           if s > _SPIKE_FACTOR * (fit[0] + fit[1] * t)]
+        spiked = spiked or []
+        return (self._num_probes < _FREE_PROBES + len(spiked)
+                or self._probe_seconds - sum(spiked) <= _PROBE_SHARE * self._seconds)
 
     def _cap(self, probing: bool) -> int:
         """The most requests the next step may give drafts to: `_PROBE_REQUESTS` for a probe, else twice the
@@ -161,7 +175,7 @@ class AutoPolicy:
         O(distinct rates * k)."""
         fit = self.step_time()
         if self._probing(fit):
-            return self.k if self._may_probe() else 0
+            return self.k if self._may_probe(fit) else 0
         if self._last_drafted:
             return self.k
         groups, left = [], num_running
@@ -180,7 +194,7 @@ class AutoPolicy:
         fit = self.step_time()
         rates = [acceptance_rate(r) for r in requests]
         probing = self._probing(fit)
-        if probing and not self._may_probe():
+        if probing and not self._may_probe(fit):
             best = [0] * len(requests)
         elif probing:  # a probe: k for the `_PROBE_REQUESTS` likeliest to accept (c2 and c3 from its step)
             top = sorted(range(len(requests)), key=lambda i: -rates[i])[:_PROBE_REQUESTS]
@@ -193,6 +207,7 @@ class AutoPolicy:
             best = [k if n else 0 for k, n in zip(ks, drafting)]
         if probing and any(best):
             self._probe_pending = 2
+            self._num_probes += 1
         self._last_drafted = any(best)
         self._width = sum(1 for k in best if k)
         self._last_rates = sorted(Counter(rates).items(), reverse=True)
@@ -260,11 +275,12 @@ def _dinkelbach(fit: Fit, tables: list[list[float]], counts: list[int], num_runn
     return best, best_n, x
 
 
-def _least_squares(steps, previous: Fit | None) -> Fit | None:
+def _least_squares(steps, previous: Fit | None, drop_spikes: bool = True) -> tuple[Fit, int] | None:
     """Fit seconds = c0 + c1 * (tokens - drafts) + c2 * [drafts > 0] + c3 * drafts (module docstring): c2 and c3
     0 unless the window has both plain and speculative steps, c2 0 unless its speculative steps drafted at least
-    two different counts; c1 the previous fit's (else 0) when the non-draft tokens never vary. None when there is
-    neither a previous fit nor varied non-draft tokens."""
+    two different counts; c1 the previous fit's (else 0) when the non-draft tokens never vary.
+    None when there is neither a previous fit nor varied non-draft tokens, else (the fit, the speculative steps
+    it kept). With `drop_spikes`, the steps that `_spikes` flags are left out and the rest refitted."""
     data = np.asarray(steps, dtype=np.float64)
     drafts, seconds = data[:, 1], data[:, 2]
     tokens = data[:, 0] - drafts
@@ -274,17 +290,24 @@ def _least_squares(steps, previous: Fit | None) -> Fit | None:
         return None
     both = 0 < spec.sum() < len(spec)
     apart = both and len(np.unique(drafts[drafts > 0])) >= 2
-    columns = [np.ones_like(tokens)] + ([tokens] if varied else []) + ([spec] if apart else []) + (
-        [drafts] if both else [])
+    x = np.stack([np.ones_like(tokens)] + ([tokens] if varied else []) + ([spec] if apart else []) + (
+        [drafts] if both else []), axis=1)
     c1_fixed = 0.0 if varied else previous[1]
-    coef = list(np.linalg.lstsq(np.stack(columns, axis=1), seconds - c1_fixed * tokens, rcond=None)[0])
+    y = seconds - c1_fixed * tokens
+    coef = np.linalg.lstsq(x, y, rcond=None)[0]
+    if drop_spikes:
+        spikes = _spikes(x, y, coef, spec, 2 if varied else 1)
+        if spikes.any():
+            return _least_squares(data[~spikes], previous, drop_spikes=False)
+    kept = int(spec.sum())
+    coef = list(coef)
     c0 = coef.pop(0)
     c1 = coef.pop(0) if varied else c1_fixed
     c2 = coef.pop(0) if apart else 0.0
     c3 = coef.pop(0) if both else 0.0
     if apart and c2 < 0:  # a negative fixed cost: the extra cost is all per draft token
-        return _least_squares_per_draft(tokens, drafts, seconds, varied, c1_fixed)
-    return max(1e-6, float(c0)), max(0.0, float(c1)), max(0.0, float(c2)), max(0.0, float(c3))
+        return _least_squares_per_draft(tokens, drafts, seconds, varied, c1_fixed), kept
+    return (max(1e-6, float(c0)), max(0.0, float(c1)), max(0.0, float(c2)), max(0.0, float(c3))), kept
 
 
 def _least_squares_per_draft(tokens, drafts, seconds, varied: bool, c1_fixed: float) -> Fit:
@@ -293,3 +316,24 @@ def _least_squares_per_draft(tokens, drafts, seconds, varied: bool, c1_fixed: fl
     c0 = coef.pop(0)
     c1 = coef.pop(0) if varied else c1_fixed
     return max(1e-6, float(c0)), max(0.0, float(c1)), 0.0, max(0.0, float(coef[0]))
+
+
+def _spikes(x: np.ndarray, y: np.ndarray, coef: np.ndarray, spec: np.ndarray, plain_columns: int) -> np.ndarray:
+    """Mask [len(y)] bool of the steps that took more than `_SPIKE_FACTOR` times what the other steps predict for
+    them: the leave-one-out prediction y_i - r_i / (1 - h_ii), h the hat matrix's diagonal (Cook & Weisberg,
+    Residuals and Influence in Regression, 1982, ch. 2); for a speculative step that alone determines the
+    speculative terms (h_ii = 1: the window's only one), the plain step of its tokens (the first `plain_columns`
+    terms, which the others determine). One step slowed by something other than its shape (a garbage-collector
+    pause, a first-use kernel compile, the host descheduled) otherwise fits as the price of its shape: on the
+    H100 at 0b81da5 (spec_decode_h100_replay_0b81da5.json, batch 1, k 5) speculation then stayed off for the rest
+    of the run (17% of steps drafted, x1.36 against x3.14 with `always`), since a request's rate changes only by
+    speculating and a spike leaves the window only after `_WINDOW` steps. Two steps that agree predict each
+    other, so a real new cost is believed from its second observation; a plain step that alone determines a
+    term is never flagged."""
+    h = np.einsum("ij,ji->i", x, np.linalg.pinv(x))
+    residual = y - x @ coef
+    alone = h > 1.0 - 1e-6
+    predicted = np.where(alone, x[:, :plain_columns] @ coef[:plain_columns],
+                         y - residual / np.where(alone, 1.0, 1.0 - h))
+    judged = ~alone | (spec > 0)
+    return judged & (predicted > 0) & (y > _SPIKE_FACTOR * predicted)
