@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
-# The case at the brief's scale on two H200s (one replica each, llama-3.1-8b preset with dummy weights, the
-# h200 trace's synthetic token ids, nginx from the machine's package in front). Needs `nginx` installed
-# (apt-get install nginx) and 2 GPUs. Expected: ~2 x 6 min (the trace is ~4 minutes of sessions plus the
-# servers' start); writes first_attempt/results_h200.json and the_fix/results_h200.json.
+# The case at the brief's scale on H200s (llama-3.1-8b preset with dummy weights, the h200 trace's synthetic
+# token ids): one variant per call (each ~6 minutes: the trace's ~4 minutes of sessions plus the server's
+# start), so a run fits the device's 10-minute limit. Installs the server's packages from a wheel folder when
+# they are missing (no network there).
+#   GIT_COMMIT=<sha> WHEELS=.whl case_coding_agent/loadtest/h200_run.sh OUTDIR first_attempt [run_case args]
+#   GIT_COMMIT=<sha> WHEELS=.whl case_coding_agent/loadtest/h200_run.sh OUTDIR the_fix [run_case args]
+# REPLICAS (default: 2 where two GPUs are visible, else 1): 2 replicas, one per GPU, behind nginx (needs
+# `nginx` installed: apt-get install nginx), as the compose file deploys; 1 replica on one GPU, every session
+# on it (the brief's "8-16 sessions on one H200"), no router.
+# Results: OUTDIR/<variant>_results_h200.json and the server's log; copy them to
+# case_coding_agent/<variant>/results_h200.json, then run report.py.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-for variant in first_attempt the_fix; do
-    python -m case_coding_agent.loadtest.run_case --profile h200 --variant "$variant" --synthetic-prompts --gpus
-done
+OUT=${1:?usage: h200_run.sh OUTDIR VARIANT [run_case args]}
+VARIANT=${2:?usage: h200_run.sh OUTDIR VARIANT [run_case args]}
+shift 2
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$(pwd):${PYTHONPATH:-}"
+PY=${PYTHON:-python3}
+if ! $PY -c "import fastapi, uvicorn, prometheus_client, httpx, yaml" 2>/dev/null; then
+  $PY -m pip install -q --no-index --find-links "${WHEELS:-.whl}" fastapi uvicorn prometheus-client httpx pyyaml
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/nvidia_smi.txt"
+GPUS=$(nvidia-smi -L | wc -l)
+REPLICAS=${REPLICAS:-$(( GPUS >= 2 ? 2 : 1 ))}
+$PY -m case_coding_agent.loadtest.run_case --profile h200 --variant "$VARIANT" --synthetic-prompts --gpus \
+  --replicas "$REPLICAS" --out "$OUT/${VARIANT}_results_h200.json" "$@"

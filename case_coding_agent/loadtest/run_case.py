@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default="cpu")
     ap.add_argument("--variant", required=True, choices=["first_attempt", "the_fix"])
     ap.add_argument("--trace", type=Path, help="default: loadtest/traces/<profile>/trace.jsonl")
-    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--replicas", type=int, default=2, help="1: one engine, no nginx (the brief's one GPU)")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra serve flag (repeatable)")
     ap.add_argument("--first-port", type=int, default=18101, help="replica i listens on first-port + i")
     ap.add_argument("--synthetic-prompts", action="store_true", help="send the trace's synthetic token ids "
@@ -119,14 +119,18 @@ def main(argv=None) -> int:
     try:
         for s in servers:
             s.wait_healthy()
-        router = Nginx([s.url.removeprefix("http://") for s in servers], policy, out.with_suffix(".nginx.log"))
+        if args.replicas > 1:
+            router = Nginx([s.url.removeprefix("http://") for s in servers], policy, out.with_suffix(".nginx.log"))
+        else:  # one replica (one GPU): nothing to route, the load test talks to it directly
+            policy = "none (one replica)"
+        url = router.url if router is not None else servers[0].url
         card = httpx.get(servers[0].url + "/v1/models", timeout=30).json()["data"][0]
         engine_config = httpx.get(servers[0].url + "/version", timeout=30).json().get("engine_config") or {}
         before = [scrape(s.url) for s in servers]
         started = time.time()
         vocab = int(card.get("vocab_size") or 32000)
         ids = (lambda r: synthetic_token_ids(r, header["block_tokens"], vocab)) if args.synthetic_prompts else None
-        turns = asyncio.run(replay(router.url, card["id"], records, prompts, token_ids=ids))
+        turns = asyncio.run(replay(url, card["id"], records, prompts, token_ids=ids))
         wall_s = time.time() - started
         after = [scrape(s.url) for s in servers]
     finally:
