@@ -21,6 +21,9 @@
 # per batch x (7.4 + 17.4 + 33.2 s) = 174 s, + cold prefills ~20 s, + load and warm-up ~45 s, + calibration and
 # prediction ~15 s: ~255 s; up to ~300 s if the 1000-2000-token contexts slow decode steps by ~25% (limit 360 s,
 # BENCH1000_TIMEOUT; batches saved as they finish).
+# STEPS=agent (issue 21's speculation figures at the coding-agent case's shapes): AGENT_INPUT_LEN-token prompts
+# (16,000 by default), 256-token outputs, batch 4 and 32, k 8, the replay proposer at acceptance 0.69 (suffix
+# drafting's rate in the case's CPU run), speculation off vs policy auto; ~150-240 s on one H200.
 set -uo pipefail
 OUT=${1:?usage: gpu_spec_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -57,5 +60,13 @@ if [[ "$STEPS" == *" bench1000 "* ]]; then
     --throughput-acceptance 0.8 --policies auto --time-recording --batch1-prompts 0 --calibration-len 32 \
     --gpu-memory-utilization 0.95 --out "$OUT/spec_decode_h200_replay1000_$C.json" 2>&1 | grep -vE "^\s*$" \
     | tee "$OUT/spec_bench1000_log_$C.txt" | grep -E "^batch |\"predicted\":|wrote|Error|error" | tail -12
+fi
+if [[ "$STEPS" == *" agent "* ]]; then
+  echo "== coding-agent shapes (issue 21): AGENT_INPUT_LEN-token sessions, batch 4 and 32, k 8, auto vs off ($(date +%T))"
+  timeout ${AGENT_TIMEOUT:-240} $PY scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b \
+    --load-format dummy --input-len ${AGENT_INPUT_LEN:-16000} --output-len 256 --batch-sizes 4 32 --ks 8 \
+    --throughput-acceptance 0.69 --policies auto --batch1-prompts 0 \
+    --out "$OUT/spec_decode_agent_replay_$C.json" 2>&1 | grep -vE "^\s*$" | tee "$OUT/spec_agent_log_$C.txt" \
+    | grep -E "^batch |wrote|Error|error" | tail -6
 fi
 echo "== done ($(date +%T))"
