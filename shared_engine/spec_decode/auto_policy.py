@@ -155,9 +155,7 @@ class AutoPolicy:
         does not keep speculation off."""
         if self._probe_pending:
             return False
-        spiked = 0.0 if fit is None else [s for t, s in self._probe_steps
-                                           if s > _SPIKE_FACTOR * (fit[0] + fit[1] * t)]
-        spiked = spiked or []
+        spiked = [] if fit is None else [s for t, s in self._probe_steps if s > _SPIKE_FACTOR * (fit[0] + fit[1] * t)]
         return (self._num_probes < _FREE_PROBES + len(spiked)
                 or self._probe_seconds - sum(spiked) <= _PROBE_SHARE * self._seconds)
 
