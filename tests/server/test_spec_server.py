@@ -1,0 +1,107 @@
+"""Speculative decoding through the OpenAI server (issue 17, handed.md K10): a server with n-gram drafting
+(k 5, policy `always`) answers greedy requests exactly as the server without speculation does -- text,
+`finish_reason`, `usage` and logprobs -- streamed and not, with a stop string, a stop token or `max_tokens`
+landing inside an accepted run; a stream carries nothing past the stop and its usage counts the tokens it sent.
+The engine-level identity tests (tests/engine/test_spec_decode_greedy.py) do not cover the HTTP layer, where a
+step's several tokens become SSE deltas."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import _stop, start_server
+from sse_helpers import finish_reasons, joined_text
+
+# repetitive text: n-gram lookup drafts from the prompt, so most steps carry several accepted tokens
+PROMPTS = [
+    "Here is the English alphabet: A B C D E F G H I J K L M N O P Q R S T U V W X Y Z. Again: A B C",
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n",
+    "one two three four, one two three four, one two three four, one two",
+]
+SPEC = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+        "policy": "always"}
+
+
+@pytest.fixture(scope="module")
+def spec_server(tmp_path_factory, default_model_dir):
+    proc, srv = start_server(tmp_path_factory.mktemp("spec-server"), "--max-model-len", "1024",
+                             "--speculative-config", json.dumps(SPEC))
+    yield srv
+    _stop(proc)
+
+
+def _completion(server, prompt: str, **fields) -> dict:
+    body = {"prompt": prompt, "temperature": 0, "logprobs": 1, **fields}
+    r = server.post("/v1/completions", body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _same(off: dict, on: dict) -> None:
+    a, b = off["choices"][0], on["choices"][0]
+    assert (b["text"], b["finish_reason"]) == (a["text"], a["finish_reason"])
+    assert on["usage"] == off["usage"]
+    assert b["logprobs"]["tokens"] == a["logprobs"]["tokens"]
+    assert b["logprobs"]["token_logprobs"] == pytest.approx(a["logprobs"]["token_logprobs"], abs=2e-3)
+    assert len(b["logprobs"]["tokens"]) == on["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 7, 11, 13, 18])
+def test_max_tokens_inside_an_accepted_run(server, spec_server, max_tokens):
+    before = spec_server.metric("vllm:spec_decode_num_accepted_tokens_total")
+    for prompt in PROMPTS:
+        on = _completion(spec_server, prompt, max_tokens=max_tokens)
+        _same(_completion(server, prompt, max_tokens=max_tokens), on)
+        assert on["usage"]["completion_tokens"] == max_tokens or on["choices"][0]["finish_reason"] == "stop"
+    if max_tokens >= 5:  # the drafts were accepted: the identity above is not speculation-free
+        assert spec_server.metric("vllm:spec_decode_num_accepted_tokens_total") > before
+
+
+def _stops(server, prompt: str) -> list[str]:
+    """Stop strings cut from the unstopped greedy text at several offsets (inside multi-token runs)."""
+    text = _completion(server, prompt, max_tokens=24)["choices"][0]["text"]
+    return [text[i:i + 3] for i in (4, 9, 15) if len(text[i:i + 3].strip()) == 3]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_stop_strings_streamed_and_not(server, spec_server, prompt):
+    stops = _stops(server, prompt)
+    assert stops
+    for stop in stops:
+        fields = {"max_tokens": 24, "stop": [stop]}
+        off, on = _completion(server, prompt, **fields), _completion(spec_server, prompt, **fields)
+        _same(off, on)
+        assert stop not in on["choices"][0]["text"]
+        body = {"prompt": prompt, "temperature": 0, "logprobs": 1, "stream": True,
+                "stream_options": {"include_usage": True}, **fields}
+        frames = spec_server.stream("/v1/completions", body)
+        assert joined_text(frames) == {0: on["choices"][0]["text"]}
+        assert finish_reasons(frames) == {0: on["choices"][0]["finish_reason"]}
+        streamed_tokens = [t for f in frames for c in f["choices"] for t in (c.get("logprobs") or {}).get("tokens", [])]
+        assert streamed_tokens == on["choices"][0]["logprobs"]["tokens"]
+        assert frames[-1]["usage"] == on["usage"]
+
+
+def test_stop_token_id_inside_an_accepted_run(server, spec_server, tokenizer):
+    """A stop token id taken from the middle of the unstopped greedy output: both servers stop at its first
+    occurrence, the same text and usage."""
+    prompt = PROMPTS[2]
+    ids = tokenizer(_completion(server, prompt, max_tokens=18)["choices"][0]["text"], add_special_tokens=False)
+    stop_id = ids["input_ids"][len(ids["input_ids"]) // 2]
+    fields = {"max_tokens": 18, "stop_token_ids": [stop_id]}
+    off, on = _completion(server, prompt, **fields), _completion(spec_server, prompt, **fields)
+    _same(off, on)
+    assert on["choices"][0]["finish_reason"] == "stop"
+    assert on["usage"]["completion_tokens"] < 18
+
+
+def test_chat_stream_usage_counts_the_tokens_sent(server, spec_server):
+    body = {"messages": [{"role": "user", "content": "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12"}],
+            "temperature": 0, "max_tokens": 17, "logprobs": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    off, on = (s.stream("/v1/chat/completions", body) for s in (server, spec_server))
+    assert joined_text(on, chat=True) == joined_text(off, chat=True)
+    sent = [t for f in on for c in f["choices"] for t in ((c.get("logprobs") or {}).get("content") or [])]
+    assert on[-1]["usage"] == off[-1]["usage"]
+    assert len(sent) == on[-1]["usage"]["completion_tokens"]
