@@ -38,10 +38,16 @@ def _completion(server, prompt: str, **fields) -> dict:
     return r.json()
 
 
+def _counts(usage: dict) -> dict:
+    """Usage without `prompt_tokens_details`: the session-wide `server` has served other tests' prompts, so its
+    cached tokens depend on the test order (cached tokens with speculation on vs off: test_spec_decode_greedy)."""
+    return {k: v for k, v in usage.items() if k != "prompt_tokens_details"}
+
+
 def _same(off: dict, on: dict) -> None:
     a, b = off["choices"][0], on["choices"][0]
     assert (b["text"], b["finish_reason"]) == (a["text"], a["finish_reason"])
-    assert on["usage"] == off["usage"]
+    assert _counts(on["usage"]) == _counts(off["usage"])
     assert b["logprobs"]["tokens"] == a["logprobs"]["tokens"]
     assert b["logprobs"]["token_logprobs"] == pytest.approx(a["logprobs"]["token_logprobs"], abs=2e-3)
     assert len(b["logprobs"]["tokens"]) == on["usage"]["completion_tokens"]
@@ -80,7 +86,7 @@ def test_stop_strings_streamed_and_not(server, spec_server, prompt):
         assert finish_reasons(frames) == {0: on["choices"][0]["finish_reason"]}
         streamed_tokens = [t for f in frames for c in f["choices"] for t in (c.get("logprobs") or {}).get("tokens", [])]
         assert streamed_tokens == on["choices"][0]["logprobs"]["tokens"]
-        assert frames[-1]["usage"] == on["usage"]
+        assert _counts(frames[-1]["usage"]) == _counts(on["usage"])
 
 
 def test_stop_token_id_inside_an_accepted_run(server, spec_server, tokenizer):
@@ -103,5 +109,5 @@ def test_chat_stream_usage_counts_the_tokens_sent(server, spec_server):
     off, on = (s.stream("/v1/chat/completions", body) for s in (server, spec_server))
     assert joined_text(on, chat=True) == joined_text(off, chat=True)
     sent = [t for f in on for c in f["choices"] for t in ((c.get("logprobs") or {}).get("content") or [])]
-    assert on[-1]["usage"] == off[-1]["usage"]
+    assert _counts(on[-1]["usage"]) == _counts(off[-1]["usage"])
     assert len(sent) == on[-1]["usage"]["completion_tokens"]
