@@ -13,13 +13,7 @@ set -euo pipefail
 OUT=${1:?usage: h200_run.sh OUTDIR VARIANT [run_case.py args]}
 VARIANT=${2:?usage: h200_run.sh OUTDIR VARIANT [run_case.py args]}
 shift 2
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$(pwd):${PYTHONPATH:-}"
-PY=${PYTHON:-python3}
-if ! $PY -c "import fastapi, uvicorn, prometheus_client, httpx, yaml" 2>/dev/null; then
-  $PY -m pip install -q --no-index --find-links "${WHEELS:-.whl}" fastapi uvicorn prometheus-client httpx pyyaml
-fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/nvidia_smi.txt"
+. scripts/gpu_server_env.sh  # PY, PYTHONPATH, the server's wheels, nvidia_smi.txt
 KIND=results
 case " $* " in *" --sweep-users "*) KIND=sweep;; esac
 $PY case_rag_chatbot/loadtest/run_case.py --profile h200 --variant "$VARIANT" --drain-s 30 \
