@@ -11,7 +11,8 @@ import socket
 import time
 
 import pytest
-from conftest import _stop, start_server
+
+from tests.server.conftest import _stop, start_server
 
 PROMPT = " ".join(f"item{i} costs {i % 7} coins;" for i in range(160))  # ~1,300 tokens
 
@@ -22,13 +23,6 @@ def chunked_server(tmp_path_factory, default_model_dir):
                              "--max-num-batched-tokens", "16", "--max-num-seqs", "4")
     yield srv
     _stop(proc)
-
-
-def _gauge(server, name: str) -> float:
-    for line in server.get("/metrics").text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise KeyError(name)
 
 
 def _until(predicate, timeout_s: float) -> bool:
@@ -55,16 +49,16 @@ def test_disconnect_mid_prefill_stops_the_prefill(chunked_server, tokenizer, str
     server = chunked_server
     prompt_len = len(tokenizer(PROMPT)["input_ids"])
     assert prompt_len > 800
-    before = _gauge(server, "vllm:prompt_tokens_total")
+    before = server.metric("vllm:prompt_tokens_total")
     sock = _send(server, {"model": server.model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
                           "stream": stream})
-    assert _until(lambda: _gauge(server, "vllm:prompt_tokens_total") - before >= 48, 60), "prefill never started"
+    assert _until(lambda: server.metric("vllm:prompt_tokens_total") - before >= 48, 60), "prefill never started"
     sock.shutdown(socket.SHUT_RDWR)  # the client goes away mid-prefill
     sock.close()
-    assert _until(lambda: _gauge(server, "vllm:num_requests_running") == 0
-                  and _gauge(server, "vllm:num_requests_waiting") == 0, 30)
-    processed = _gauge(server, "vllm:prompt_tokens_total") - before
+    assert _until(lambda: server.metric("vllm:num_requests_running") == 0
+                  and server.metric("vllm:num_requests_waiting") == 0, 30)
+    processed = server.metric("vllm:prompt_tokens_total") - before
     assert processed < prompt_len // 2, (processed, prompt_len)  # stopped, not run to the end
-    assert _until(lambda: _gauge(server, "vllm:kv_cache_usage_perc") == 0.0, 10)
+    assert _until(lambda: server.metric("vllm:kv_cache_usage_perc") == 0.0, 10)
     r = server.post("/v1/completions", {"prompt": "Hello", "max_tokens": 3, "temperature": 0})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3

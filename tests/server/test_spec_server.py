@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import _stop, start_server
 from sse_helpers import finish_reasons, joined_text
+
+from tests.server.conftest import _stop, start_server
 
 # repetitive text: n-gram lookup drafts from the prompt, so most steps carry several accepted tokens
 PROMPTS = [
