@@ -133,13 +133,13 @@ def decode_rows(scheduled: list, max_decode_rows: int | None, short_chunks: bool
     prompt chunk keeps it as a sequence (its decodes keep their shared-prefix cascade, which rows of a chunk
     sharing nothing would turn off). `has_drafts` False (a step without speculative decodes) skips the checks:
     the plain layout, with no pass over the step (the large-batch decode step's hot path)."""
-    if not short_chunks and not has_drafts:
-        short = False
-    elif short_chunks:
+    if short_chunks:
         short = all(s.start_position > 0 and s.num_new_tokens <= MAX_ROWS_PER_SEQUENCE for s in scheduled)
-    else:
+    elif has_drafts:
         short = all(s.is_decode or (s.is_spec_decode and s.num_new_tokens <= MAX_ROWS_PER_SEQUENCE)
                     for s in scheduled)
+    else:
+        short = False
     rows = sum(s.num_new_tokens for s in scheduled) if short else 0
     if not short or rows == len(scheduled) or (max_decode_rows is not None and rows > max_decode_rows):
         return ([s.start_position for s in scheduled], [s.num_new_tokens for s in scheduled],
