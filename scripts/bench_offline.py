@@ -49,7 +49,8 @@ def run_ours(args, prompts, out_lens) -> tuple[dict, object]:
               "enforce_eager": args.enforce_eager or None, "device": args.device,
               "enable_async_output_proc": args.enable_async_output_proc or None,
               "async_scheduling": args.async_scheduling, "tensor_parallel_size": args.tensor_parallel_size,
-              "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization}
+              "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
+              "nano_batch_min_decodes": args.nano_batch_min_decodes}
     llm = LLM(args.model, **{k: v for k, v in chosen.items() if v is not None})
     engine = llm.engine
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
@@ -75,6 +76,9 @@ def run_ours(args, prompts, out_lens) -> tuple[dict, object]:
               "cold_start_s": {"weights": engine.runner.load_seconds, "compile": engine.runner.compile_seconds,
                                "cuda_graph_capture": engine.runner.capture_seconds},
               "engine_config": engine.config.to_flat(), "model": engine.source.name}
+    if getattr(engine.runner, "nano_forward", None) is not None:
+        result["nano_batch_graph_steps"] = engine.runner.nano_batch_graph_steps
+        result["nano_batch_graphs"] = len(engine.runner.graph_runner.nano_keys) if engine.runner.graph_runner else 0
     if gpu_s:
         # device span per step (first kernel → sampled ids on the host) vs the whole step on the host clock
         result["gpu_span_seconds"] = gpu_s
@@ -173,6 +177,8 @@ def parse_args():
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule and launch step n+1 before step n's tokens reach the host (default: the "
                    "engine's, on for CUDA; engine/async_output.py)")
+    p.add_argument("--nano-batch-min-decodes", type=int, default=None,
+                   help="CUDA: decode steps of at least this many rows as two overlapped nano-batches (0: off)")
     p.add_argument("--tensor-parallel-size", type=int, default=None,
                    help="GPUs per engine; the roofline and the weight-streaming floor are then over all of them")
     p.add_argument("--hf-mode", choices=["generate", "generate_batch", "none"], default="generate")

@@ -70,6 +70,10 @@ offline() {  # name, extra flags...
 want 4 && offline bf16
 want 5 && offline fp8kv --kv-cache-dtype fp8
 want 6 && offline fp8 --kv-cache-dtype fp8 --quantization fp8
+# 8-9: the same bf16 / FP8 runs with nano-batch overlap (decode steps of >= 128 rows as two nano-batches on two
+# streams, model_executor/nano_batch.py); compare with 4 / 6 of the same call
+want 8 && offline bf16_nano128 --nano-batch-min-decodes 128
+want 9 && offline fp8_nano128 --kv-cache-dtype fp8 --quantization fp8 --nano-batch-min-decodes 128
 if want 7; then
   step "prefill attention vs SDPA, bf16 and FP8 KV, tile sweep (4 x 2048; 450 after 5200)"
   timeout 300 $PY scripts/bench_prefill_attention.py --sweep --commit "$COMMIT" \

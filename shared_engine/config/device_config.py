@@ -19,7 +19,11 @@ class DeviceConfig:
 
     `num_threads`: torch's intra-op threads in the engine process (`torch.set_num_threads`; the OpenMP
     threads of every CPU kernel). None: `OMP_NUM_THREADS` when set, else `default_num_threads()`. Set on
-    the CPU, and on CUDA only when given (there the host runs no heavy kernels)."""
+    the CPU, and on CUDA only when given (there the host runs no heavy kernels).
+
+    `nano_batch_min_decodes`: decode-only steps of at least this many rows run as two nano-batches on two CUDA
+    streams whose attention and GEMMs overlap (NanoFlow; model_executor/nano_batch.py), in the decode CUDA
+    graphs of that size and up; 0: off. Not with tensor parallelism."""
 
     device: str = "auto"
     enforce_eager: bool = False
@@ -27,6 +31,7 @@ class DeviceConfig:
         1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
     cuda_graph_max_prefill_tokens: int = 2048
     num_threads: int | None = None
+    nano_batch_min_decodes: int = 0
 
     def __post_init__(self) -> None:
         check_choice("device", self.device, {"auto", "cpu", "cuda"})
@@ -35,6 +40,9 @@ class DeviceConfig:
             raise ValueError(f"cuda_graph_sizes must be positive batch sizes, got {self.cuda_graph_sizes}")
         check_range("cuda_graph_max_prefill_tokens", self.cuda_graph_max_prefill_tokens, 0, 65536)
         check_range("num_threads", self.num_threads, 1, 4096, allow_none=True)
+        check_range("nano_batch_min_decodes", self.nano_batch_min_decodes, 0, 1 << 20)
+        if self.nano_batch_min_decodes == 1:
+            raise ValueError("nano_batch_min_decodes must be 0 (off) or at least 2 (rows to split), got 1")
 
     def resolve_num_threads(self) -> int:
         """`num_threads`, else a valid `OMP_NUM_THREADS`, else `default_num_threads()`."""

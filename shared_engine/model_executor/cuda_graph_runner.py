@@ -117,7 +117,11 @@ class CudaGraphRunner:
                  mixed_prefill_sizes: list[int], max_prefill_seqs: int, max_blocks_per_seq: int,
                  max_model_len: int, device: torch.device, enable_cascade: bool = False,
                  extra_mixed_sizes: list[tuple[int, int]] = (), lora_ctx=None,
-                 varlen_sizes: list[tuple[int, int]] = (), varlen_max_query_len: int = 0) -> None:
+                 varlen_sizes: list[tuple[int, int]] = (), varlen_max_query_len: int = 0,
+                 nano_forward=None) -> None:
+        """`nano_forward` (a NanoBatchForward, or None): the decode graphs whose layout it applies to are captured
+        running it (two overlapped nano-batches; keys in `nano_keys`), the others running `model`."""
+        self.nano_keys: set[tuple] = set()
         self._layout(decode_sizes, mixed_decode_sizes, mixed_prefill_sizes, max_prefill_seqs, max_blocks_per_seq,
                      max_model_len, device, extra_mixed_sizes, varlen_sizes, varlen_max_query_len)
         pool = None
@@ -129,11 +133,15 @@ class CudaGraphRunner:
             args = (self.input_ids[:tokens], self.positions[:tokens], kv_caches, meta, backend)
             if lora_ctx is not None:
                 lora_ctx.use_variant(key[3])
-            model(*args)  # warm-up: Triton JIT and allocator
+            forward = model
+            if nano_forward is not None and nano_forward.applies(meta, tokens, lora=bool(key[3])):
+                forward = nano_forward
+                self.nano_keys.add(key)
+            forward(*args)  # warm-up: Triton JIT and allocator
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[key] = model(*args)
+                self.outputs[key] = forward(*args)
             pool = graph.pool()
             self.graphs[key] = graph
         torch.cuda.synchronize(device)

@@ -27,6 +27,7 @@ from shared_engine.model_executor.layers.fp8_linear import FP8_DTYPE, check_fp8_
 from shared_engine.model_executor.layers.lora import LORA_ALL, LORA_ATTENTION, step_tile_m
 from shared_engine.model_executor.layers.rotary_embedding import RotaryEmbedding
 from shared_engine.model_executor.models.registry import get_model_class
+from shared_engine.model_executor.nano_batch import NanoBatchForward
 from shared_engine.model_executor.pinned_staging import PinnedStaging
 from shared_engine.model_executor.pinned_staging import enabled as pinned_inputs_enabled
 from shared_engine.model_executor.prompt_logprobs import (
@@ -134,6 +135,14 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.offloader: KVOffloader | None = None  # kv_offload_size > 0: the host tier's buffer and copies
         self.graph_runner: CudaGraphRunner | None = None
+        # nano_batch_min_decodes: large decode steps as two overlapped nano-batches (nano_batch.py)
+        self.nano_forward = None
+        if config.device.nano_batch_min_decodes:
+            if tp > 1:
+                raise ValueError("nano_batch_min_decodes needs tensor_parallel_size 1 (the nano-batches' all-reduces "
+                                 "would run on two streams)")
+            self.nano_forward = NanoBatchForward(self.model, config.device.nano_batch_min_decodes)
+        self.nano_batch_graph_steps = 0  # graph steps replayed from a graph captured as nano-batches
         # CUDA: each step's inputs cross in one copy from pinned memory (pinned_staging.py)
         self.staging = PinnedStaging(self.device, depth=4) if pinned_inputs_enabled(self.device) else None
         self.compile_seconds = 0.0  # first forward pass (Triton JIT) during profiling
@@ -273,7 +282,7 @@ class ModelRunner:
                 max_prefill_seqs=prefill_seqs, max_blocks_per_seq=-(-max_len // self.block_size),
                 max_model_len=max_len, device=self.device, enable_cascade=self.enable_cascade,
                 extra_mixed_sizes=filling, lora_ctx=None if self.lora is None else self.lora.ctx,
-                varlen_sizes=varlen, varlen_max_query_len=k + 1 if varlen else 0)
+                varlen_sizes=varlen, varlen_max_query_len=k + 1 if varlen else 0, nano_forward=self.nano_forward)
         self.capture_seconds = time.perf_counter() - started
         self.num_cuda_graphs = len(self.graph_runner.graphs)
 
@@ -318,6 +327,9 @@ class ModelRunner:
             self.base_only_graph_steps += self.lora is not None and not key[3]
             self.attention_lora_graph_steps += key[3] == LORA_ATTENTION
             self.varlen_graph_steps += is_varlen(key)
+            self.nano_batch_graph_steps += key in self.graph_runner.nano_keys
+        elif self.nano_forward is not None and self.nano_forward.applies(inputs.meta, num_tokens, bool(lora_active)):
+            hidden = self.nano_forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.backend)
         if self.lora is not None:

@@ -60,6 +60,8 @@ _HELP = {
     "max_logprobs": "cap on logprobs / top_logprobs",
     "num_threads": "torch intra-op (OpenMP) threads of the engine (default: OMP_NUM_THREADS if set, else the "
     "cores this process may use); serve also sets OMP_WAIT_POLICY=PASSIVE unless it is set",
+    "nano_batch_min_decodes": "CUDA: decode-only steps of at least this many rows run as two nano-batches on two "
+    "streams, one's attention overlapping the other's GEMMs (NanoFlow; model_executor/nano_batch.py; 0: off)",
     "disable_frontend_multiprocessing": "run the engine in the API server's process (a thread) instead of "
     "its own engine core process",
     "cuda_graph_max_prefill_tokens": "CUDA: steps with up to this many prefill tokens (and decodes) replay a "
