@@ -23,7 +23,8 @@ class DeviceConfig:
 
     `nano_batch_min_decodes`: decode-only steps of at least this many rows run as two nano-batches on two CUDA
     streams whose attention and GEMMs overlap (NanoFlow; model_executor/nano_batch.py), in the decode CUDA
-    graphs of that size and up; 0: off. Not with tensor parallelism."""
+    graphs of that size and up; 0: off, else at least 16. Not with tensor parallelism. On the CPU the
+    nano-batches run one after the other (no gain)."""
 
     device: str = "auto"
     enforce_eager: bool = False
@@ -41,8 +42,9 @@ class DeviceConfig:
         check_range("cuda_graph_max_prefill_tokens", self.cuda_graph_max_prefill_tokens, 0, 65536)
         check_range("num_threads", self.num_threads, 1, 4096, allow_none=True)
         check_range("nano_batch_min_decodes", self.nano_batch_min_decodes, 0, 1 << 20)
-        if self.nano_batch_min_decodes == 1:
-            raise ValueError("nano_batch_min_decodes must be 0 (off) or at least 2 (rows to split), got 1")
+        if 0 < self.nano_batch_min_decodes < 16:
+            raise ValueError("nano_batch_min_decodes must be 0 (off) or at least 16 (two nano-batches of >= 8 rows), "
+                             f"got {self.nano_batch_min_decodes}")
 
     def resolve_num_threads(self) -> int:
         """`num_threads`, else a valid `OMP_NUM_THREADS`, else `default_num_threads()`."""
