@@ -20,7 +20,7 @@
 # Measured at 6e21304 (H200, warm): steps 1-3 55 s. Estimate, cold Triton cache: step 1 ~90 s, step 2 ~90 s (fp32
 # baseline), step 3 ~90 s (four engines), step 7 ~180 s; ~60 s start-up + 80-110 s per offline run. Run
 # STEPS=1,2,3,7 (~7.5 min; carry h200_tokenizer/), then STEPS=4,5 (~6 min), then STEPS=6 (~3 min), one warm machine.
-#   GIT_COMMIT=<sha> [STEPS=1,2,3,4,5,6,7] scripts/gpu_fp8_check.sh OUTDIR      (the device copy has no .git)
+#   GIT_COMMIT=<sha> [STEPS=1,2,3,4,5,6,7,8,9] [NUM_REQUESTS=1000] scripts/gpu_fp8_check.sh OUTDIR  (the device copy has no .git)
 set -uo pipefail
 OUT=${1:?usage: gpu_fp8_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -57,7 +57,7 @@ if want 3; then
   grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/fp8_engine_tests_${COMMIT}.log" | tail -20
 fi
 
-common=(--model llama-3.1-8b --load-format dummy --num-requests 1000 --input-len-min 1000 --input-len-max 1000
+common=(--model llama-3.1-8b --load-format dummy --num-requests ${NUM_REQUESTS:-1000} --input-len-min 1000 --input-len-max 1000
         --output-len-min 1000 --output-len-max 1000 --max-model-len 2048 --max-num-seqs 1024
         --max-num-batched-tokens 8192 --hf-mode none --roofline)
 offline() {  # name, extra flags...
