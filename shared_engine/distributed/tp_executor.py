@@ -51,6 +51,9 @@ def make_model_runner(config: EngineConfig, source, grammar=None):
 
     if config.parallel.tensor_parallel_size == 1:
         return ModelRunner(config, source, grammar)
+    if config.device.nano_batch_min_decodes:  # before any rank starts (ModelRunner checks it too)
+        raise ValueError("nano_batch_min_decodes needs tensor_parallel_size 1 (the nano-batches' all-reduces would "
+                         "run on two streams)")
     return TPExecutor(config, source, grammar)
 
 

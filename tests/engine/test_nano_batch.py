@@ -88,6 +88,15 @@ def test_config_refuses_a_split_of_one_row():
         NanoBatchForward(model=None, min_decodes=8)
 
 
+def test_tensor_parallelism_is_refused_before_any_rank_starts():
+    from shared_engine.config import EngineConfig
+    from shared_engine.distributed.tp_executor import make_model_runner
+
+    config = EngineConfig.from_flat(nano_batch_min_decodes=16, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor_parallel_size 1"):
+        make_model_runner(config, source=None)
+
+
 def test_applies_only_to_large_decode_only_layouts():
     nano = NanoBatchForward(model=None, min_decodes=16)
 
