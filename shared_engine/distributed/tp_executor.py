@@ -48,12 +48,11 @@ def make_model_runner(config: EngineConfig, source, grammar=None):
     """A `ModelRunner` (TP=1) or a `TPExecutor` driving `tensor_parallel_size` ranks. `grammar` (structured
     outputs) is rank 0's: only rank 0 samples."""
     from shared_engine.model_executor.model_runner import ModelRunner
+    from shared_engine.model_executor.nano_batch import check_supported
 
+    check_supported(config)  # before any rank starts
     if config.parallel.tensor_parallel_size == 1:
         return ModelRunner(config, source, grammar)
-    if config.device.nano_batch_min_decodes:  # before any rank starts (ModelRunner checks it too)
-        raise ValueError("nano_batch_min_decodes needs tensor_parallel_size 1 (the nano-batches' all-reduces would "
-                         "run on two streams)")
     return TPExecutor(config, source, grammar)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -35,9 +34,9 @@ from shared_engine.model_executor.prompt_logprobs import (
     prompt_token_entries,
     step_prompt_logprobs,
 )
+from shared_engine.model_executor.step_result import LaunchedStep, StepResult
 from shared_engine.model_loader.model_source import ModelSource
 from shared_engine.model_loader.weight_loader import init_dummy, load_safetensors
-from shared_engine.outputs import Logprob
 from shared_engine.sampling.grammar import GrammarBackend
 from shared_engine.sampling.logits_processors import LogitsProcessors
 from shared_engine.sampling.rejection_sampler import RejectionSampler
@@ -46,39 +45,6 @@ from shared_engine.sampling.sampler import Sampler, SampleResult
 logger = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class StepResult:
-    # request id → its new tokens: one, or a speculative decode's accepted drafts and its bonus token
-    sampled: dict[str, list[SampleResult]]
-    # request id → (first prompt position, from there per position the prompt token's and the top
-    # `prompt_logprobs` tokens' logprobs with ranks; None for position 0)
-    prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob] | None]]]
-
-    def token_ids(self) -> dict[str, list[int]]:
-        """request id → its new token ids (what `Scheduler.resolve` takes)."""
-        return {rid: [r.token_id for r in results] for rid, results in self.sampled.items()}
-
-
-@dataclass
-class LaunchedStep:
-    """A step enqueued on the device by `ModelRunner.launch`; `ModelRunner.collect` waits for it."""
-
-    requests: list  # the sampled rows' requests, in row order
-    # [num_sampled] int64 on the device: the next step's placeholder inputs read it (None for a step with
-    # drafts, whose rows yield a variable number of tokens: it is resolved before the next is scheduled)
-    tokens: torch.Tensor | None
-    # [num_sampled, 1 + k] int64 on the host (pinned on CUDA), filled asynchronously: each row's new tokens,
-    # then -1 (k = 0 without drafts)
-    token_ids: torch.Tensor | None
-    num_logits: list[int]  # per sampled row: its logits rows (1 + its draft tokens)
-    copied: torch.cuda.Event | None  # recorded after the device-to-host copy of the token ids (CUDA)
-    raw_logprobs: torch.Tensor | None  # [num_sampled, vocab] fp32 on the device, when logprobs were asked
-    prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob] | None]]]
-    # (start, end) timing events of the step's device work (CUDA). Events mark the stream, not the host: a
-    # step launched while the previous one runs starts timing when the device reaches it.
-    span: tuple | None
 
 
 class ModelRunner:
@@ -135,13 +101,9 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.offloader: KVOffloader | None = None  # kv_offload_size > 0: the host tier's buffer and copies
         self.graph_runner: CudaGraphRunner | None = None
-        # nano_batch_min_decodes: large decode steps as two overlapped nano-batches (nano_batch.py)
-        self.nano_forward = None
-        if config.device.nano_batch_min_decodes:
-            if tp > 1:
-                raise ValueError("nano_batch_min_decodes needs tensor_parallel_size 1 (the nano-batches' all-reduces "
-                                 "would run on two streams)")
-            self.nano_forward = NanoBatchForward(self.model, config.device.nano_batch_min_decodes)
+        # nano_batch_min_decodes: large decode steps as two overlapped nano-batches (nano_batch.py; TP 1 only)
+        nano = config.device.nano_batch_min_decodes
+        self.nano_forward = NanoBatchForward(self.model, nano) if nano else None
         self.nano_batch_graph_steps = 0  # graph steps replayed from a graph captured as nano-batches
         # CUDA: each step's inputs cross in one copy from pinned memory (pinned_staging.py)
         self.staging = PinnedStaging(self.device, depth=4) if pinned_inputs_enabled(self.device) else None

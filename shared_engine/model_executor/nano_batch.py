@@ -32,8 +32,8 @@ operations checks the order of forks, joins, events and waits).
 
 Applies (`NanoBatchForward.applies`): decode-only layouts (every sequence one query row: plain decodes and
 speculative decode rows) of at least `min_decodes` (>= 16) rows, without cascade attention and without LoRA layers.
-Not with tensor parallelism (the all-reduces would run on two streams): `DeviceConfig.nano_batch_min_decodes`
-is refused there by the model runner.
+Not with tensor parallelism (the all-reduces would run on two streams): `check_supported`, called before any
+rank starts.
 """
 
 from __future__ import annotations
@@ -46,6 +46,13 @@ from shared_engine.model_executor.attention.metadata import AttentionMetadata
 
 _ALIGN = 8  # nano-batch boundary: a multiple of this many rows (GEMM tiles; B's slices stay 16-byte aligned)
 MIN_DECODES = 2 * _ALIGN  # the fewest rows a step may have to be split
+
+
+def check_supported(config) -> None:
+    """Raise `ValueError` when `config` (an EngineConfig) asks for nano-batches with tensor_parallel_size > 1."""
+    if config.device.nano_batch_min_decodes and config.parallel.tensor_parallel_size > 1:
+        raise ValueError("nano_batch_min_decodes needs tensor_parallel_size 1 (the nano-batches' all-reduces would "
+                         "run on two streams)")
 
 
 def split_point(num_rows: int) -> int:

@@ -75,7 +75,9 @@ class DraftModelRunner:
         spec = dataclasses.replace(engine_config.speculative_config,
                                    num_speculative_tokens=min(num_speculative_tokens + 1, 16))
         section = dataclasses.replace(engine_config.speculative, speculative_config=spec)
-        config = dataclasses.replace(engine_config, model=model, lora=LoRAConfig(), speculative=section)
+        # no nano-batches for the draft: its small GEMMs would read its weights twice for nothing to overlap
+        device = dataclasses.replace(engine_config.device, nano_batch_min_decodes=0)
+        config = dataclasses.replace(engine_config, model=model, lora=LoRAConfig(), speculative=section, device=device)
         self.runner = ModelRunner(config, source)  # the draft's weights, dtype, device and attention backend
         self.model, self.device, self.backend = self.runner.model, self.runner.device, self.runner.backend
         self.block_size = config.cache.block_size

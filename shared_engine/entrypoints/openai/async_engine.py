@@ -18,6 +18,7 @@ import logging
 import queue
 import sys
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 
 from shared_engine.engine.engine_snapshot import EngineSnapshot
@@ -43,7 +44,7 @@ class OverloadedError(RuntimeError):
     """More requests are waiting than `max_waiting_requests` allows."""
 
 
-class AsyncEngineBase:
+class AsyncEngineBase(ABC):
     """Subclasses set `config`, `source`, `max_model_len`, `tokenizer` and implement the transport:
     `start`, `shutdown`, `healthy`, `snapshot`, `_num_in_transit`, `_submit_add`, `_submit_abort`.
     `on_step(num_tokens)`, if set, is called after every engine step (from any thread). The transport beats
@@ -60,30 +61,37 @@ class AsyncEngineBase:
         self.heartbeat = Heartbeat()
 
     # ---- transport (subclasses) ----------------------------------------------------------------------
+    @abstractmethod
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def shutdown(self) -> None:
-        raise NotImplementedError
+        ...
 
     @property
+    @abstractmethod
     def healthy(self) -> bool:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def snapshot(self) -> EngineSnapshot:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _num_in_transit(self) -> int:
         """Requests queued for the engine that it has not admitted yet."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _submit_add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None, cache_salt: str | None = None, lora_request=None,
                     scheduling: dict | None = None) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _submit_abort(self, request_id: str) -> None:
-        raise NotImplementedError
+        ...
 
     # ---- requests (event loop side) ------------------------------------------------------------------
     @property
@@ -184,7 +192,8 @@ class AsyncEngineBase:
         self._on_hung()
 
     def _on_hung(self) -> None:
-        """The transport's reaction to a stuck engine loop (the engine core process is killed)."""
+        """The transport's reaction to a stuck engine loop (the engine core process is killed); none here."""
+        return None
 
 
 class AsyncEngine(AsyncEngineBase):
