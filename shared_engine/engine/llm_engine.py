@@ -245,9 +245,14 @@ class LLMEngine:
         for request in updated:
             stop, kept = self.outputs.on_tokens(request, result.sampled[request.request_id])
             num_tokens += kept
-            if stop is not None and not request.is_finished:
+            if stop is not None:
                 request.stop_reason = stop
-                self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, now)
+                if not request.is_finished:
+                    self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, now)
+                elif request.status is not RequestStatus.FINISHED_ABORTED:
+                    # the scheduler ended it at this token or a later one of the same accepted run (max_tokens,
+                    # max_model_len, EOS, a stop id); the stop string came first, and its tokens are cut there
+                    request.status = RequestStatus.FINISHED_STOPPED
             if request.is_finished:
                 self.runner.release(request.request_id)
                 if self.spec is not None:

@@ -162,3 +162,25 @@ def test_stream_sends_nothing_past_the_stop(runs, kind, engine):
         assert final.text.startswith(c.text[: c.stream_safe_len])
     if kind == "eos":
         assert final.token_ids[-1] == 35 and final.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("engine", ["off", *SPECULATIVE])
+@pytest.mark.parametrize("ender", ["length", "eos"])
+def test_a_stop_string_wins_over_a_later_end_of_the_same_step(runs, engine, ender):
+    """The stop string completes at token L while max_tokens (= L) or an EOS (at a later token of the same
+    accepted run) also ends the request in that step: the stop string came first, so the finish reason is
+    "stop", the stop reason the string and the text cut before it (vLLM's order), with speculation and without."""
+    _, engines, _, _ = runs
+    ids = engines["off"].get_tokenizer()(NUMBERS)["input_ids"]
+    full = _stream(engines["off"], ids, greedy(24))[-1].outputs[0].token_ids
+    stopped = _stream(engines["off"], ids, greedy(24, stop=["4,"]))[-1].outputs[0]
+    n = len(stopped.token_ids)
+    assert stopped.stop_reason == "4," and n < len(full)
+    if ender == "length":
+        params, eos = greedy(n, stop=["4,"]), None
+    else:  # the first token after the string that the output has not produced before
+        eos = next(t for t in full[n:] if t not in full[:n])
+        params = greedy(24, stop=["4,"])
+    final = _stream(engines[engine], ids, params, eos)[-1].outputs[0]
+    assert (final.finish_reason, final.stop_reason, final.text) == ("stop", "4,", stopped.text)
+    assert final.token_ids == stopped.token_ids
