@@ -23,6 +23,8 @@ from pathlib import Path
 from shared_engine.entrypoints.batch.batch_input import BatchRow, encode_rows, prepare, read_rows
 from shared_engine.entrypoints.batch.batch_output import error_row, success_row, write_jsonl_atomic
 from shared_engine.entrypoints.openai.errors import APIError
+from shared_engine.entrypoints.openai.request_limits import check_prompt_tokens
+from shared_engine.entrypoints.openai.server_config import ServerConfig
 from shared_engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("shared_engine.batch")
@@ -80,7 +82,8 @@ def run_batch(llm, input_path: Path, output_path: Path, model_name: str, use_tqd
               server_config=None, progress=None) -> BatchSummary:
     """Run every row of `input_path` through `llm` (a `shared_engine.LLM`) and write `output_path`.
 
-    `server_config` (a `ServerConfig`; default: the defaults) bounds `n` and stop lists as the server does.
+    `server_config` (a `ServerConfig`; default: the defaults) bounds `n`, stop lists and prompt tokens per
+    request (`max_prompt_tokens_per_request`, prompt x n) as the server's chat endpoint does.
     `progress(rows_done, completion_tokens, seconds_since_first_queued)`, if given, is called after every engine
     step (a load test's partial results when its time runs out).
     Raises `DuplicateCustomIdError` before anything runs; any other per-row problem is that row's error."""
@@ -92,10 +95,14 @@ def run_batch(llm, input_path: Path, output_path: Path, model_name: str, use_tqd
     for row in rows:
         prepare(row, engine.tokenizer, model_name, server_config)
     encode_rows(rows, engine.tokenizer)
+    limits = server_config or ServerConfig()
     for row in rows:
         if row.error is None:
-            try:
+            try:  # the server's per-request prompt-token limit, as /v1/chat/completions applies it
+                check_prompt_tokens(limits, [len(row.prompt_token_ids)], row.params.n, "messages")
                 engine_check(engine, row.prompt_token_ids, row.params)
+            except APIError as e:
+                row.error = e
             except ValueError as e:
                 row.error = APIError(400, str(e), "messages")
     runnable = [r for r in rows if r.error is None]
