@@ -24,7 +24,7 @@ class Rewritten:
     body: dict
     stream: bool
     client_wants_usage: bool  # False: the usage chunk the gateway asked for is not passed on
-    reserved_tokens: int      # prompt estimate + max_tokens x n
+    reserved_tokens: int      # prompt estimate + max_tokens x n per prompt
 
 
 def parse_body(raw: bytes) -> dict:
@@ -48,13 +48,32 @@ def _text_chars(value) -> int:
     return 0
 
 
+def _is_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                           for t in value)
+
+
+def prompts_of(body: dict, chat: bool) -> list:
+    """The request's prompts as the engine runs them: a chat is one; a completions `prompt` is a string, a
+    list of token ids, or a list of either (one engine request each)."""
+    if chat:
+        return [body.get("messages")]
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and not _is_ids(prompt):
+        return prompt
+    return [prompt]
+
+
 def estimate_prompt_tokens(body: dict, chat: bool) -> int:
-    """Prompt tokens, estimated from characters (token-id prompts are counted exactly)."""
-    prompt = body.get("messages") if chat else body.get("prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return len(prompt)
-    return math.ceil(_text_chars(prompt) / CHARS_PER_TOKEN) + (8 * len(prompt) if chat and isinstance(prompt, list)
-                                                                else 0)
+    """Prompt tokens of all the request's prompts, estimated from characters (token ids counted exactly)."""
+    total = 0
+    for prompt in prompts_of(body, chat):
+        if _is_ids(prompt):
+            total += len(prompt)
+        else:
+            total += math.ceil(_text_chars(prompt) / CHARS_PER_TOKEN) + (
+                8 * len(prompt) if chat and isinstance(prompt, list) else 0)
+    return total
 
 
 def rewrite_body(body: dict, tenant: Tenant, cache_salt: str, default_max_tokens: int, chat: bool) -> Rewritten:
@@ -80,7 +99,8 @@ def rewrite_body(body: dict, tenant: Tenant, cache_salt: str, default_max_tokens
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise GatewayError(400, "n must be a positive integer", "n")
     body.update(model=tenant.adapter, cache_salt=cache_salt, tenant=tenant.name, priority=tenant.priority)
-    reserved = estimate_prompt_tokens(body, chat) + max_tokens * n
+    # every prompt of a completions request is an engine request generating up to max_tokens x n
+    reserved = estimate_prompt_tokens(body, chat) + max_tokens * n * len(prompts_of(body, chat))
     return Rewritten(body, stream, wants_usage, reserved)
 
 
