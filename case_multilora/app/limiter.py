@@ -6,8 +6,10 @@ limit and `tokens` (the prompt estimate plus `max_tokens`) on its token limit (m
 refused for concurrency takes nothing from the windows; one refused by the token limit has used a request
 hit (attempts count against the request rate). The `Lease` it
 returns gives the slot back exactly once, whatever ends the request (completion, a client disconnect, an
-engine error): the server calls `release()` from a `finally`. A slot counter also expires `slot_ttl_s` after
-its last change, so a gateway that dies holding slots cannot lock a tenant out for longer than that.
+engine error): the server calls `release()` from a `finally`; `acquire` itself gives the slot back when anything
+after it fails (a refusal, a storage error such as a Redis timeout, a cancellation). A slot counter also
+expires `slot_ttl_s` after its last change, so a gateway that dies holding slots cannot lock a tenant out
+for longer than that.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import anyio
 import limits
 from limits.aio import storage as aio_storage
 from limits.aio import strategies
@@ -85,8 +88,9 @@ class TenantLimiter:
                     raise rate_limited(f"tenant {tenant.name} is over its token limit {tenant.token_limit} "
                                        f"({tokens} tokens reserved by this request)", "tokens",
                                        await self._retry_after(item, tenant, "tokens"))
-        except GatewayError:
-            await lease.release()
+        except BaseException:  # a refusal, and also a storage error or a cancellation after the slot was taken
+            with anyio.CancelScope(shield=True):
+                await lease.release()
             raise
         return lease
 

@@ -85,7 +85,14 @@ class Gateway:
             body = await self.read_body(request)
             plan = rewrite_body(body, tenant, self.salts[tenant.name], self.settings.default_max_tokens,
                                 chat=route == "chat/completions")
-            lease = await self.limiter.acquire(tenant, plan.reserved_tokens)
+            try:
+                lease = await self.limiter.acquire(tenant, plan.reserved_tokens)
+            except GatewayError:
+                raise
+            except Exception as e:  # the limits storage (Redis) failed: the limiter gave the slot back
+                logger.warning("tenant limits storage failed: %r", e)
+                raise GatewayError(503, f"the tenant limits could not be checked ({type(e).__name__}); retry",
+                                   headers={"Retry-After": "1"}) from e
         except GatewayError as e:
             label = tenant.name if tenant else "unknown"
             if e.status == 429:
