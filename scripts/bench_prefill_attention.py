@@ -24,6 +24,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+try:  # the ragged kernel needs triton.tools.tensor_descriptor (host TMA descriptors); without it, no ragged rows
+    from bench_ragged_prefill import chunk_kv, ragged_rows, ragged_summary
+except ImportError as e:
+    chunk_kv = ragged_rows = None
+    RAGGED_IMPORT_ERROR = str(e)
 from kernel_bench_common import BF16, DEV, bench_us, contiguous_kv, paged_setup, rel_err  # noqa: E402
 
 from benchmarks.env_info import git_commit  # noqa: E402
@@ -124,6 +129,8 @@ def bench_prefill_case(
     t_sdpa = timed_forms[sdpa_form]
     flops = 4 * d * hq * sum(ql * p + ql * ql / 2 for ql, p in zip(q_lens, prefixes))
     out = torch.empty_like(q)
+    if chunk_kv is not None:
+        k_new, v_new = chunk_kv(q, k_cache, v_cache, bt, q_lens, ctx)  # the ragged kernel's chunk, always bf16
 
     def timed(kc, vc, reference, scales, **kw) -> dict:
         fn = lambda: paged_prefill_attention(q, kc, vc, bt, cu, lens, scale, max_q, out=out, **scales, **kw)
@@ -162,6 +169,11 @@ def bench_prefill_case(
             ok = [x for x in variants if "us" in x]
             r["default_sweep"] = variants
             r["default_sweep_best"] = min(ok, key=lambda x: x["us"]) if ok else None
+        if ragged_rows is None:
+            r["ragged"] = {"default": {"error": RAGGED_IMPORT_ERROR}}
+        else:
+            r["ragged"] = ragged_rows(q, k_new, v_new, kc, vc, bt, cu, lens, scale, max_q, scales, flops, t_sdpa,
+                                      sweep)
         return r
 
     res = {
@@ -227,6 +239,8 @@ def summary_rows(prefill: dict) -> list[str]:
                 f" | >= 90% of sdpa (issue 23): default {'yes' if d['pct_of_sdpa_speed'] >= 90 else 'NO'}, fastest "
                 f"{'yes' if f.get('pct_of_sdpa_speed', 0) >= 90 else 'NO'}"
             )
+            if "ragged" in r:
+                rows.append(ragged_summary(r["shape"], r["ragged"]))
     return rows
 
 

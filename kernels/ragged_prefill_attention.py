@@ -1,0 +1,230 @@
+"""Prefill attention that reads the new tokens' K/V from the step's own k / v (one row per token, through TMA
+tensor descriptors) and only the cached prefix from the paged cache.
+
+The split FlashInfer calls ragged + paged (SGLang's extend path): this step's chunk has just been computed,
+so its K/V need not come back through the block table. Its tiles are dense rows of the step's k / v, which
+Hopper's TMA copies into shared memory without a per-row address in registers (the paged kernel's gather
+keeps a [BLOCK_N, HEAD_DIM] pointer tensor live: ~200 registers a thread at 64 x 64, which is what held
+128-row query tiles back in the 9a99c62 sweep). The cached prefix is read exactly as in
+`paged_prefill_attention` (`_attend_kv_range`, block ids prefetched). Over an FP8 cache the prefix is read
+with `k_scale` / `v_scale` and the chunk from the unquantised k / v (FlashInfer's and SGLang's order; vLLM's
+FlashAttention path reads the chunk back from the FP8 cache): a chunk's tokens attend to each other at bf16
+precision, and later steps read them from the cache.
+
+Sequence b brings q_len_b new tokens (rows cu_seqlens_q[b] ..< cu_seqlens_q[b+1] of q, k and v); its KV length
+after this step is context_lens[b] = prefix_b + q_len_b. Grid: (query tiles, sequences, query heads).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels._checks import FLOAT_DTYPES, check_paged_attention_args, check_same_device, check_shape, check_tensor
+from kernels._jit import serving_jit
+from kernels.fp8 import KV_CACHE_DTYPES, check_scale, read_cache
+from kernels.paged_decode_attention import gather_paged_kv
+from kernels.paged_prefill_attention import _attend_kv_range
+
+# Swept by scripts/bench_prefill_attention.py (block_m, block_n, num_warps, num_stages): FlashAttention-2/3-style
+# Hopper tiles first. Not yet timed on a GPU: DEFAULTS are the Triton tutorial's Hopper choice (128 x 128, 8 warps,
+# 3 stages), to be replaced by the sweep's fastest.
+TILE_CONFIGS = (
+    (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3),
+    (64, 128, 4, 3), (64, 64, 4, 3), (128, 128, 4, 3),
+)
+DEFAULTS = dict(block_m=128, block_n=128, num_warps=8, num_stages=3, reverse_tiles=True, fp8_f16=True)
+
+
+def ragged_prefill_attention_ref(
+    q: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]: this step's new tokens
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
+    """Pure-torch reference: each sequence's cached prefix gathered from the cache (dequantised), its chunk's
+    K/V taken from k / v, causal softmax attention in fp32."""
+    group = q.shape[1] // k.shape[1]
+    out = torch.empty_like(q)
+    for b in range(context_lens.shape[0]):
+        q0, q1, n = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]), int(context_lens[b])
+        prefix = n - (q1 - q0)
+        kb = torch.cat([read_cache(gather_paged_kv(k_cache, block_tables[b], prefix), k_scale), k[q0:q1].float()])
+        vb = torch.cat([read_cache(gather_paged_kv(v_cache, block_tables[b], prefix), v_scale), v[q0:q1].float()])
+        kb, vb = kb.repeat_interleave(group, dim=1), vb.repeat_interleave(group, dim=1)
+        scores = torch.einsum("thd,nhd->htn", q[q0:q1].float(), kb) * scale  # [heads, q_len, n]
+        causal = torch.arange(n, device=q.device)[None, :] <= torch.arange(prefix, n, device=q.device)[:, None]
+        scores = scores.masked_fill(~causal, float("-inf"))
+        out[q0:q1] = torch.einsum("htn,nhd->thd", scores.softmax(dim=-1), vb).to(q.dtype)
+    return out
+
+
+@triton.jit
+def _attend_new_kv(
+    q, m_i, l_i, acc, k_desc, v_desc, row0, kv_col, q_rel, start, end, qk_scale,
+    BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+):  # fmt: skip
+    """Online-softmax update of rows `q` [BLOCK_M, HEAD_DIM] (row i at chunk position q_rel[i]) over the chunk's
+    positions [start, end), read as rows row0 + position of k / v through TMA. Without CAUSAL_MASK every position
+    of the range is before every row's. With it, positions after a row's are masked; a valid row's position is
+    below `end`, so tile rows past the chunk (the next sequence's tokens, or TMA's zero fill past the tensor)
+    only reach rows past the chunk, which are never stored."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        k = k_desc.load([row0 + n0, kv_col])
+        s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
+        if CAUSAL_MASK:
+            s = tl.where((n0 + offs_n)[None, :] <= q_rel[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = v_desc.load([row0 + n0, kv_col])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@serving_jit(ints=("stride_bts",), pointers=("q_ptr", "block_tables_ptr", "cu_seqlens_q_ptr", "context_lens_ptr",
+                                            "out_ptr"))
+def _ragged_prefill_kernel(
+    q_ptr, k_desc, v_desc, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
+    scale, k_scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_ot, stride_oh,
+    QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSE_TILES: tl.constexpr, DOT_F16: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    if REVERSE_TILES:  # a sequence's last (longest) query tiles start first: a shorter tail of the grid
+        tile = tl.num_programs(0) - 1 - tile
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    if tile * BLOCK_M >= q_len:
+        return
+    prefix = tl.load(context_lens_ptr + seq) - q_len
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    m_valid = offs_m < q_len
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :], mask=m_valid[:, None],
+                other=0.0)
+    log2e = 1.4426950408889634  # softmax in base 2; m_i in scaled units
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    kv_head = head // QUERIES_PER_KV
+    if prefix > 0:  # the cached prefix: every position is before every row's, only its last tile is ragged
+        q_c = q.to(tl.float16) if DOT_F16 else q  # FP8 cache: e4m3 -> fp16 is exact and cheaper than -> bf16
+        bt_row = block_tables_ptr + seq * stride_bts
+        full_end = prefix // BLOCK_N * BLOCK_N
+        m_i, l_i, acc = _attend_kv_range(
+            q_c, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, kv_head * stride_ch, prefix + offs_m, 0, full_end,
+            scale * k_scale * log2e, stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, True, False,
+        )  # fmt: skip
+        m_i, l_i, acc = _attend_kv_range(
+            q_c, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, kv_head * stride_ch, prefix + offs_m, full_end,
+            prefix, scale * k_scale * log2e, stride_cb, stride_ct, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, True, False,
+        )  # fmt: skip
+        acc = acc * v_scale  # the cached V's scale, once: the online rescales are multiplicative
+    # the chunk: positions before the tile's first row need no mask; the rest, up to its last row, do
+    chunk_end = tl.minimum(q_len, (tile + 1) * BLOCK_M)
+    full_end = tile * BLOCK_M // BLOCK_N * BLOCK_N
+    q_rel = offs_m
+    m_i, l_i, acc = _attend_new_kv(q, m_i, l_i, acc, k_desc, v_desc, q_start, kv_head * HEAD_DIM, q_rel, 0,
+                                   full_end, scale * log2e, BLOCK_N, False)
+    m_i, l_i, acc = _attend_new_kv(q, m_i, l_i, acc, k_desc, v_desc, q_start, kv_head * HEAD_DIM, q_rel, full_end,
+                                   chunk_end, scale * log2e, BLOCK_N, True)
+    out = acc / l_i[:, None]
+    o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
+
+
+def _rows_descriptor(x: torch.Tensor, block_rows: int) -> TensorDescriptor:
+    """[num_tokens, num_kv_heads, head_dim] (heads contiguous within a row) as a 2-D TMA descriptor over
+    [num_tokens, num_kv_heads * head_dim], tiles of [block_rows, head_dim]."""
+    t, h, d = x.shape
+    return TensorDescriptor(x, [t, h * d], [x.stride(0), 1], [block_rows, d])
+
+
+def ragged_prefill_attention(
+    q: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]: the chunk's keys (also written to k_cache)
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+    max_seqlen_q: int,
+    out: torch.Tensor | None = None,  # [num_tokens, num_q_heads, head_dim]
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    reverse_tiles: bool | None = None,
+    fp8_f16: bool | None = None,
+) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
+    """Causal varlen attention of new query tokens over their cached prefix (paged, FP8 with `k_scale` /
+    `v_scale` or q's dtype) and their own chunk (`k` / `v`, q's dtype); see the module docstring.
+
+    `max_seqlen_q` (python int, tokens) bounds every q_len_b and sizes the grid: no host sync. Requires
+    context_lens[b] >= q_len_b; head_dim a power of two >= 16; `k` / `v` rows 16-byte aligned with their heads
+    contiguous (TMA). `block_m` / `block_n` (powers of two >= 16) count a program's query rows and a KV tile's
+    positions; `reverse_tiles` launches the longest query tiles first; `fp8_f16`: over an FP8 cache and a bf16 q
+    the prefix's dots run in fp16. Options left as None take DEFAULTS. Raises ValueError on bad shapes, dtypes,
+    layouts, block_m or block_n."""
+    opts = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+                reverse_tiles=reverse_tiles, fp8_f16=fp8_f16)
+    opts = {key: DEFAULTS[key] if val is None else val for key, val in opts.items()}
+    check_tensor("q", q, 3, FLOAT_DTYPES)
+    for name, x in (("k", k), ("v", v)):
+        check_tensor(name, x, 3, (q.dtype,))
+        check_shape(name, x, (q.shape[0], k_cache.shape[2], q.shape[2]))
+        if x.stride(2) != 1 or x.stride(1) != x.shape[2] or (x.stride(0) * x.element_size()) % 16:
+            raise ValueError(f"{name} needs contiguous heads and 16-byte aligned rows, got strides {x.stride()}")
+    check_tensor("k_cache", k_cache, 4, KV_CACHE_DTYPES, contiguous=True)
+    check_tensor("v_cache", v_cache, 4, KV_CACHE_DTYPES, contiguous=True)
+    check_scale("k_scale", k_scale)
+    check_scale("v_scale", v_scale)
+    check_tensor("block_tables", block_tables, 2, (torch.int32,))
+    check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,))
+    check_tensor("context_lens", context_lens, 1, (torch.int32,))
+    check_same_device(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+                      cu_seqlens_q=cu_seqlens_q)
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_seqs = context_lens.shape[0]
+    block_size, num_kv_heads = check_paged_attention_args(q, k_cache, v_cache, block_tables, num_seqs)
+    check_shape("cu_seqlens_q", cu_seqlens_q, (num_seqs + 1,))
+    if out is None:
+        out = torch.empty_like(q)
+    check_tensor("out", out, 3, (q.dtype,))
+    check_shape("out", out, tuple(q.shape))
+    for name in ("block_m", "block_n"):
+        if opts[name] < 16 or opts[name] & (opts[name] - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {opts[name]}")
+    if num_tokens == 0 or num_seqs == 0 or max_seqlen_q <= 0:
+        return out
+    bm, bn = opts["block_m"], opts["block_n"]
+    _ragged_prefill_kernel[(triton.cdiv(max_seqlen_q, bm), num_seqs, num_q_heads)](
+        q, _rows_descriptor(k, bn), _rows_descriptor(v, bn), k_cache, v_cache, block_tables, cu_seqlens_q,
+        context_lens, out, float(scale), float(k_scale), float(v_scale), q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
+        QUERIES_PER_KV=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=bm,
+        BLOCK_N=bn, REVERSE_TILES=bool(opts["reverse_tiles"]),
+        DOT_F16=bool(opts["fp8_f16"]) and k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16,
+        num_warps=opts["num_warps"], num_stages=opts["num_stages"],
+    )  # fmt: skip
+    return out
