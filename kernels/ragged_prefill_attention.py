@@ -20,7 +20,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:  # host-side TMA descriptors (Triton >= 3.3); without them ragged_layout_ok is False and the engine stays paged
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:
+    TensorDescriptor = None
 
 from kernels._checks import FLOAT_DTYPES, check_paged_attention_args, check_same_device, check_shape, check_tensor
 from kernels._jit import serving_jit
@@ -149,6 +153,13 @@ def _ragged_prefill_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
 
 
+def ragged_layout_ok(x: torch.Tensor) -> bool:
+    """Whether [num_tokens, num_kv_heads, head_dim] `x` can be read through a TMA descriptor: heads contiguous
+    within a row, 16-byte aligned rows and start."""
+    return (TensorDescriptor is not None and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+            and (x.stride(0) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0)
+
+
 def _rows_descriptor(x: torch.Tensor, block_rows: int) -> TensorDescriptor:
     """[num_tokens, num_kv_heads, head_dim] (heads contiguous within a row) as a 2-D TMA descriptor over
     [num_tokens, num_kv_heads * head_dim], tiles of [block_rows, head_dim]."""
@@ -193,8 +204,9 @@ def ragged_prefill_attention(
     for name, x in (("k", k), ("v", v)):
         check_tensor(name, x, 3, (q.dtype,))
         check_shape(name, x, (q.shape[0], k_cache.shape[2], q.shape[2]))
-        if x.stride(2) != 1 or x.stride(1) != x.shape[2] or (x.stride(0) * x.element_size()) % 16:
-            raise ValueError(f"{name} needs contiguous heads and 16-byte aligned rows, got strides {x.stride()}")
+        if not ragged_layout_ok(x):
+            raise ValueError(f"{name} needs contiguous heads and 16-byte aligned rows and start, got strides "
+                             f"{x.stride()}, address {x.data_ptr()}")
     check_tensor("k_cache", k_cache, 4, KV_CACHE_DTYPES, contiguous=True)
     check_tensor("v_cache", v_cache, 4, KV_CACHE_DTYPES, contiguous=True)
     check_scale("k_scale", k_scale)

@@ -15,6 +15,7 @@ from conftest import DEVICE  # tests/kernels/conftest.py
 from shared_engine.core.request import Request
 from shared_engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from shared_engine.model_arch import ModelArch
+from shared_engine.model_executor.attention import triton_backend
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
 from shared_engine.model_executor.attention.registry import get_backend
 from shared_engine.model_executor.input_builder import build_inputs
@@ -35,7 +36,15 @@ def scheduled(rid: str, start: int, n: int, table: list[int]) -> ScheduledReques
     return ScheduledRequest(req, [(7 * i + len(rid)) % 64 for i in range(n)], start, table, True)
 
 
-def test_mixed_batch_matches_torch_backend():
+@pytest.mark.parametrize("ragged", [False, True])
+def test_mixed_batch_matches_torch_backend(ragged, monkeypatch):
+    """The prefill chunks through the paged kernel (K/V back from the cache) or the ragged one (the step's k / v
+    as the model's qkv projection slices them, the prefix from the cache)."""
+    monkeypatch.setattr(triton_backend, "RAGGED_PREFILL", ragged)
+    calls = []
+    for name in ("paged_prefill_attention", "ragged_prefill_attention"):
+        real = getattr(triton_backend, name)
+        monkeypatch.setattr(triton_backend, name, lambda *a, _f=real, _n=name, **kw: calls.append(_n) or _f(*a, **kw))
     torch.manual_seed(0)
     model = LlamaForCausalLM(ARCH, max_position=128).to(DEVICE)
     init_dummy(model, seed=1, std=0.2)
@@ -63,6 +72,7 @@ def test_mixed_batch_matches_torch_backend():
     # fp32 on the CPU interpreter; on CUDA, Triton's fp32 dot runs in tf32 (about 3e-4 relative per product)
     tol = 2e-4 if DEVICE == "cpu" else 2e-2
     torch.testing.assert_close(h, h_ref, rtol=tol, atol=tol)
+    assert set(calls) == {"ragged_prefill_attention" if ragged else "paged_prefill_attention"}
 
 
 # ---- cascade (shared-prefix) decode attention --------------------------------------------------------

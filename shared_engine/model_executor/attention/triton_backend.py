@@ -10,9 +10,15 @@ import torch
 from kernels.kv_cache_write import write_kv_cache
 from kernels.paged_decode_attention import paged_decode_attention
 from kernels.paged_prefill_attention import paged_prefill_attention
+from kernels.ragged_prefill_attention import ragged_layout_ok, ragged_prefill_attention
 from kernels.shared_prefix_decode_attention import shared_prefix_decode_attention
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
 from shared_engine.model_executor.attention.registry import register_backend
+
+# Prefill chunks read their own K/V from the step's k / v (kernels/ragged_prefill_attention.py, TMA) instead of
+# back from the paged cache. Off until an H200 sweep (scripts/bench_prefill_attention.py) times it faster than
+# the paged kernel at 4 x 2,048 and at the RAG chunk.
+RAGGED_PREFILL = False
 
 
 @register_backend("triton")
@@ -43,6 +49,10 @@ class TritonPagedAttention:
                                    out=out[:nd], max_context_len=meta.max_context_len, **scales)
         if meta.num_seqs > nd:
             cu = meta.cu_seqlens_q[nd:] - nd  # prefill tokens start right after the nd decode tokens
-            paged_prefill_attention(q[nd:], k_cache, v_cache, meta.block_tables[nd:], cu, meta.context_lens[nd:],
-                                    scale, max_seqlen_q=meta.max_query_len, out=out[nd:], **scales)
+            args = (k_cache, v_cache, meta.block_tables[nd:], cu, meta.context_lens[nd:], scale)
+            if RAGGED_PREFILL and ragged_layout_ok(k[nd:]) and ragged_layout_ok(v[nd:]):
+                ragged_prefill_attention(q[nd:], k[nd:], v[nd:], *args, max_seqlen_q=meta.max_query_len,
+                                         out=out[nd:], **scales)
+            else:
+                paged_prefill_attention(q[nd:], *args, max_seqlen_q=meta.max_query_len, out=out[nd:], **scales)
         return out
