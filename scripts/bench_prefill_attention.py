@@ -100,7 +100,7 @@ def sdpa_out(outs: list[torch.Tensor]) -> torch.Tensor:  # [num_tokens, num_q_he
 
 def bench_prefill_case(
     q_lens: list[int], prefixes: list[int], matmul_tflops: float, sweep: bool, gen, hq=32, hk=8, d=128, bs=16,
-    kv_dtypes: tuple[str, ...] = ("bf16",),
+    kv_dtypes: tuple[str, ...] = ("bf16",), ragged_sweep: bool | None = None,
 ) -> dict:
     """paged_prefill_attention against SDPA on one varlen batch, over a bf16 cache and (kv_dtypes with "fp8")
     the same values in FP8; SDPA (bf16, contiguous K/V) is timed once, in the same run. The FP8 accuracy
@@ -173,7 +173,7 @@ def bench_prefill_case(
             r["ragged"] = {"default": {"error": RAGGED_IMPORT_ERROR}}
         else:
             r["ragged"] = ragged_rows(q, k_new, v_new, kc, vc, bt, cu, lens, scale, max_q, scales, flops, t_sdpa,
-                                      sweep)
+                                      sweep if ragged_sweep is None else ragged_sweep)
         return r
 
     res = {
@@ -193,12 +193,15 @@ def bench_prefill_case(
     return res
 
 
-def bench_prefill(matmul_tflops: float, sweep: bool, gen, qlen: int = 2048, kv_dtypes=("bf16",)) -> dict:
+def bench_prefill(matmul_tflops: float, sweep: bool, gen, qlen: int = 2048, kv_dtypes=("bf16",),
+                  ragged_sweep: bool | None = None) -> dict:
     """4 x 2048-token prefills (keys as in earlier results files: ours_* is the default layout) and a RAG
     step's chunk: 1 sequence, 450 new tokens after a 5,200-token cached prefix (llama-3.1-8b heads)."""
-    long = bench_prefill_case([qlen] * 4, [0] * 4, matmul_tflops, sweep, gen, kv_dtypes=kv_dtypes)
+    ragged_sweep = sweep if ragged_sweep is None else ragged_sweep
+    long = bench_prefill_case([qlen] * 4, [0] * 4, matmul_tflops, sweep, gen, kv_dtypes=kv_dtypes,
+                              ragged_sweep=ragged_sweep)
     torch.cuda.empty_cache()
-    rag = bench_prefill_case([450], [5200], matmul_tflops, sweep, gen, kv_dtypes=kv_dtypes)
+    rag = bench_prefill_case([450], [5200], matmul_tflops, sweep, gen, kv_dtypes=kv_dtypes, ragged_sweep=ragged_sweep)
     for r in (long, rag, long.get("fp8"), rag.get("fp8")):
         if r is None:
             continue
@@ -250,6 +253,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="path of the JSON results file")
     ap.add_argument("--sweep", action="store_true", help="also time the tile configs of PREFILL_CONFIGS")
+    ap.add_argument("--ragged-sweep", action="store_true",
+                    help="sweep only the ragged kernel's tiles (the paged kernel at its defaults and aab412d's)")
     ap.add_argument("--no-fp8", action="store_true", help="bf16 KV only")
     ap.add_argument("--commit", default=None, help="git commit (default: GIT_COMMIT, else git rev-parse HEAD)")
     args = ap.parse_args()
@@ -261,7 +266,8 @@ def main() -> None:
     results = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
                "commit": commit, "command": " ".join(sys.argv), "ceilings": measure_ceilings()}
     kv = ("bf16",) if args.no_fp8 else ("bf16", "fp8")
-    results["prefill"] = bench_prefill(results["ceilings"]["bf16_matmul_TFLOPs"], args.sweep, gen, kv_dtypes=kv)
+    results["prefill"] = bench_prefill(results["ceilings"]["bf16_matmul_TFLOPs"], args.sweep, gen, kv_dtypes=kv,
+                                       ragged_sweep=args.sweep or args.ragged_sweep)
     results["summary"] = summary_rows(results["prefill"])
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(f"{results['gpu']}  matmul {results['ceilings']['bf16_matmul_TFLOPs']:.0f} TFLOP/s  commit {commit}")

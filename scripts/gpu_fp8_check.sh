@@ -16,7 +16,9 @@
 #   7. prefill attention must-show (scripts/bench_prefill_attention.py --sweep): paged_prefill_attention vs SDPA
 #      (bf16, contiguous K/V) in the same run at 4 x 2,048 new tokens and the RAG chunk (450 after a 5,200-token
 #      cached prefix), over a bf16 and an FP8 cache, with the Hopper tile sweep (+ longest tiles first, block-id prefetch,
-#      lazy rescale, maxnreg 168, FP8 dots in fp16) and the aab412d defaults as "baseline": 73 s at aab412d, ~120 s now.
+#      lazy rescale, maxnreg 168, FP8 dots in fp16) and the aab412d defaults as "baseline": 73 s at aab412d, ~120 s now;
+#      the ragged kernel (kernels/ragged_prefill_attention.py) and its tile sweep beside them (PREFILL_SWEEP=--ragged-sweep:
+#      the ragged sweep only, the paged kernel at its defaults).
 # Measured at 6e21304 (H200, warm): steps 1-3 55 s. Estimate, cold Triton cache: step 1 ~90 s, step 2 ~90 s (fp32
 # baseline), step 3 ~90 s (four engines), step 7 ~180 s; ~60 s start-up + 80-110 s per offline run. Run
 # STEPS=1,2,3,7 (~7.5 min; carry h200_tokenizer/), then STEPS=4,5 (~6 min), then STEPS=6 (~3 min), one warm machine.
@@ -76,7 +78,7 @@ want 8 && offline bf16_nano128 --nano-batch-min-decodes 128
 want 9 && offline fp8_nano128 --kv-cache-dtype fp8 --quantization fp8 --nano-batch-min-decodes 128
 if want 7; then
   step "prefill attention vs SDPA, bf16 and FP8 KV, tile sweep (4 x 2048; 450 after 5200)"
-  timeout 300 $PY scripts/bench_prefill_attention.py --sweep --commit "$COMMIT" \
+  timeout 300 $PY scripts/bench_prefill_attention.py ${PREFILL_SWEEP:---sweep} --commit "$COMMIT" \
     --out "$OUT/prefill_attention_h200_${COMMIT}.json" > "$OUT/prefill_attention_${COMMIT}.log" 2>&1
   tail -8 "$OUT/prefill_attention_${COMMIT}.log"
 fi
