@@ -17,8 +17,12 @@ class LoRARequest:
     directory. `version`: digest of the adapter's files at registration (`peft_adapter.content_digest`);
     the engine refuses the adapter if the files changed since.
 
-    `cache_key` joins the prefix-cache hash: `"<lora_int_id>:<version>"`, so two adapters (even under one
-    name, one after the other) never share KV blocks, and neither shares with the base model.
+    `cache_key` keys the CPU cache and the GPU slots and joins the prefix-cache hash: `"<lora_int_id>:<version>"`,
+    so two adapters (even under one name, one after the other) never share weights or KV blocks, and neither
+    shares with the base model. Without a version (the offline API: the caller picks ids) it is
+    `"<lora_int_id>:@<lora_path>"`: one id given to two adapter directories is two adapters, not the first
+    one's cached weights and KV served for the second (the files under one path are not re-read: load an
+    adapter whose files changed under a new id).
     """
 
     lora_name: str
@@ -34,4 +38,4 @@ class LoRARequest:
 
     @property
     def cache_key(self) -> str:
-        return f"{self.lora_int_id}:{self.version}"
+        return f"{self.lora_int_id}:{self.version}" if self.version else f"{self.lora_int_id}:@{self.lora_path}"
