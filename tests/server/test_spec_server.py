@@ -8,6 +8,7 @@ step's several tokens become SSE deltas."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 from sse_helpers import finish_reasons, joined_text
@@ -112,3 +113,34 @@ def test_chat_stream_usage_counts_the_tokens_sent(server, spec_server):
     sent = [t for f in on for c in f["choices"] for t in ((c.get("logprobs") or {}).get("content") or [])]
     assert _counts(on[-1]["usage"]) == _counts(off[-1]["usage"])
     assert len(sent) == on[-1]["usage"]["completion_tokens"]
+
+
+_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total",
+             "vllm:prefix_cache_hits_total", "vllm:iteration_tokens_total_sum", "vllm:iteration_tokens_total_count")
+
+
+def _metrics(server) -> dict[str, float]:
+    return {name: server.metric(name) for name in _COUNTERS}
+
+
+def test_metrics_count_tokens_not_steps_or_drafts(server, spec_server):
+    """/metrics after the same requests (each prompt twice: the second hits the prefix cache) on both servers: the
+    prompt, generation, prefix-cache and per-step token counters grow by the same amounts, the generation tokens
+    by the completion tokens returned (not drafted, not steps); only the step count (iteration_tokens' count)
+    is smaller with speculation. A tag unique to this run keeps earlier tests' cached blocks out of the hits."""
+    tag = uuid.uuid4().hex[:8]
+    before = {s.url: _metrics(s) for s in (server, spec_server)}
+    accepted = spec_server.metric("vllm:spec_decode_num_accepted_tokens_total")
+    completion_tokens = {}
+    for s in (server, spec_server):
+        used = [_completion(s, f"{tag} {prompt}", max_tokens=16)["usage"] for prompt in PROMPTS * 2]
+        completion_tokens[s.url] = sum(u["completion_tokens"] for u in used)
+    grown = {s.url: {k: v - before[s.url][k] for k, v in _metrics(s).items()} for s in (server, spec_server)}
+    off, on = grown[server.url], grown[spec_server.url]
+    assert spec_server.metric("vllm:spec_decode_num_accepted_tokens_total") - accepted > 10
+    assert completion_tokens[spec_server.url] == completion_tokens[server.url] == on["vllm:generation_tokens_total"]
+    steps = "vllm:iteration_tokens_total_count"
+    assert {k: v for k, v in on.items() if k != steps} == {k: v for k, v in off.items() if k != steps}
+    assert on["vllm:prefix_cache_hits_total"] > 0
+    assert on["vllm:iteration_tokens_total_sum"] == on["vllm:prompt_tokens_total"] + on["vllm:generation_tokens_total"]
+    assert on[steps] < off[steps]
