@@ -219,6 +219,32 @@ def _prefill_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
 
 
+def check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, k_scale: float, v_scale: float,
+                       out: torch.Tensor | None, **tile_sizes: int) -> tuple[torch.Tensor, int, int]:
+    """The prefill launchers' argument checks (shapes, dtypes, layouts, devices, scales; every `tile_sizes` value
+    a power of two >= 16). Returns (out, allocated when None; block_size; num_kv_heads). Raises ValueError."""
+    check_tensor("q", q, 3, FLOAT_DTYPES)
+    check_tensor("k_cache", k_cache, 4, KV_CACHE_DTYPES, contiguous=True)
+    check_tensor("v_cache", v_cache, 4, KV_CACHE_DTYPES, contiguous=True)
+    check_scale("k_scale", k_scale)
+    check_scale("v_scale", v_scale)
+    check_tensor("block_tables", block_tables, 2, (torch.int32,))
+    check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,))
+    check_tensor("context_lens", context_lens, 1, (torch.int32,))
+    check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, cu_seqlens_q=cu_seqlens_q)
+    num_seqs = context_lens.shape[0]
+    block_size, num_kv_heads = check_paged_attention_args(q, k_cache, v_cache, block_tables, num_seqs)
+    check_shape("cu_seqlens_q", cu_seqlens_q, (num_seqs + 1,))
+    if out is None:
+        out = torch.empty_like(q)
+    check_tensor("out", out, 3, (q.dtype,))
+    check_shape("out", out, tuple(q.shape))
+    for name, size in tile_sizes.items():
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {size}")
+    return out, block_size, num_kv_heads
+
+
 def paged_prefill_attention(
     q: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -261,27 +287,10 @@ def paged_prefill_attention(
     defaults = FP8_DEFAULTS if k_cache.dtype == torch.float8_e4m3fn else DEFAULTS
     opts = {k: defaults[k] if v is None else v for k, v in opts.items()}
     block_m, block_n, num_warps, num_stages = opts["block_m"], opts["block_n"], opts["num_warps"], opts["num_stages"]
-    check_tensor("q", q, 3, FLOAT_DTYPES)
-    check_tensor("k_cache", k_cache, 4, KV_CACHE_DTYPES, contiguous=True)
-    check_tensor("v_cache", v_cache, 4, KV_CACHE_DTYPES, contiguous=True)
-    check_scale("k_scale", k_scale)
-    check_scale("v_scale", v_scale)
-    check_tensor("block_tables", block_tables, 2, (torch.int32,))
-    check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,))
-    check_tensor("context_lens", context_lens, 1, (torch.int32,))
-    check_same_device(
-        q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, cu_seqlens_q=cu_seqlens_q
-    )
+    out, block_size, num_kv_heads = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
+                                                       k_scale, v_scale, out, block_m=block_m)
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
-    block_size, num_kv_heads = check_paged_attention_args(q, k_cache, v_cache, block_tables, num_seqs)
-    check_shape("cu_seqlens_q", cu_seqlens_q, (num_seqs + 1,))
-    if out is None:
-        out = torch.empty_like(q)
-    check_tensor("out", out, 3, (q.dtype,))
-    check_shape("out", out, tuple(q.shape))
-    if block_m < 16 or block_m & (block_m - 1):
-        raise ValueError(f"block_m must be a power of two >= 16, got {block_m}")
     if num_tokens == 0 or num_seqs == 0 or max_seqlen_q <= 0:
         return out
     group = num_q_heads // num_kv_heads

@@ -26,11 +26,11 @@ try:  # host-side TMA descriptors (Triton >= 3.3); without them ragged_layout_ok
 except ImportError:
     TensorDescriptor = None
 
-from kernels._checks import FLOAT_DTYPES, check_paged_attention_args, check_same_device, check_shape, check_tensor
+from kernels._checks import check_same_device, check_shape, check_tensor
 from kernels._jit import serving_jit
-from kernels.fp8 import KV_CACHE_DTYPES, check_scale, read_cache
+from kernels.fp8 import read_cache
 from kernels.paged_decode_attention import gather_paged_kv
-from kernels.paged_prefill_attention import _attend_kv_range
+from kernels.paged_prefill_attention import _attend_kv_range, check_prefill_args
 
 # Swept by scripts/bench_prefill_attention.py (block_m, block_n, num_warps, num_stages): FlashAttention-2/3-style
 # Hopper tiles first. Not yet timed on a GPU: DEFAULTS are the Triton tutorial's Hopper choice (128 x 128, 8 warps,
@@ -200,33 +200,18 @@ def ragged_prefill_attention(
     opts = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                 reverse_tiles=reverse_tiles, fp8_f16=fp8_f16)
     opts = {key: DEFAULTS[key] if val is None else val for key, val in opts.items()}
-    check_tensor("q", q, 3, FLOAT_DTYPES)
+    out, block_size, num_kv_heads = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
+                                                       k_scale, v_scale, out, block_m=opts["block_m"],
+                                                       block_n=opts["block_n"])
     for name, x in (("k", k), ("v", v)):
         check_tensor(name, x, 3, (q.dtype,))
         check_shape(name, x, (q.shape[0], k_cache.shape[2], q.shape[2]))
         if not ragged_layout_ok(x):
             raise ValueError(f"{name} needs contiguous heads and 16-byte aligned rows and start, got strides "
                              f"{x.stride()}, address {x.data_ptr()}")
-    check_tensor("k_cache", k_cache, 4, KV_CACHE_DTYPES, contiguous=True)
-    check_tensor("v_cache", v_cache, 4, KV_CACHE_DTYPES, contiguous=True)
-    check_scale("k_scale", k_scale)
-    check_scale("v_scale", v_scale)
-    check_tensor("block_tables", block_tables, 2, (torch.int32,))
-    check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,))
-    check_tensor("context_lens", context_lens, 1, (torch.int32,))
-    check_same_device(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
-                      cu_seqlens_q=cu_seqlens_q)
+    check_same_device(q=q, k=k, v=v)
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
-    block_size, num_kv_heads = check_paged_attention_args(q, k_cache, v_cache, block_tables, num_seqs)
-    check_shape("cu_seqlens_q", cu_seqlens_q, (num_seqs + 1,))
-    if out is None:
-        out = torch.empty_like(q)
-    check_tensor("out", out, 3, (q.dtype,))
-    check_shape("out", out, tuple(q.shape))
-    for name in ("block_m", "block_n"):
-        if opts[name] < 16 or opts[name] & (opts[name] - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {opts[name]}")
     if num_tokens == 0 or num_seqs == 0 or max_seqlen_q <= 0:
         return out
     bm, bn = opts["block_m"], opts["block_n"]

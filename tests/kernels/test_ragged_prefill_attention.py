@@ -5,6 +5,7 @@ cache holds the chunk (the engine's case: k / v were just written there). Triton
 import pytest
 import torch
 from _util import assert_rel_close, make_paged_kv, poisoned, rel_tol
+from test_paged_prefill_attention import CASES as PAGED_CASES
 
 from kernels.fp8 import dequantize_fp8_ref, quantize_fp8_ref
 from kernels.paged_decode_attention import gather_paged_kv
@@ -32,16 +33,8 @@ def _setup(q_lens, prefixes, hq, hk, d, bs, device, seed, dtype=torch.float32):
     return q, k.to(dtype), v.to(dtype), k_cache, v_cache, bt, cu, lens
 
 
-# (q_lens, cached prefix lens, num_q_heads, num_kv_heads, head_dim, block_size, block_m, block_n)
-CASES = [
-    ([5, 16, 1], [0, 0, 0], 4, 4, 64, 16, 16, 16),  # plain prefill, GQA 1
-    ([17, 3], [15, 32], 8, 4, 64, 32, 16, 32),  # chunked prefill over a cached prefix, GQA 2
-    ([33, 1], [7, 40], 8, 2, 128, 16, 16, 16),  # GQA 4, head_dim 128, a decode-like row
-    ([20, 9], [0, 17], 9, 3, 32, 16, 16, 32),  # GQA 3 (SmolLM2)
-    ([17, 0, 3], [15, 9, 32], 4, 2, 64, 32, 32, 32),  # chunks start mid-block / on a block; an empty sequence
-    ([19, 4], [0, 37], 8, 2, 64, 16, 16, 32),  # block_n wider than block_m
-    ([40, 70], [0, 16], 8, 1, 32, 32, 32, 16),  # GQA 8, block_size 32, several query tiles
-]
+# the paged kernel's cases (with one more: GQA 8, block_size 32, several query tiles)
+CASES = [*PAGED_CASES, ([40, 70], [0, 16], 8, 1, 32, 32, 32, 16)]
 
 
 @pytest.mark.parametrize("q_lens,prefixes,hq,hk,d,bs,block_m,block_n", CASES)
