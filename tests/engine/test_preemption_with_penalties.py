@@ -45,3 +45,32 @@ def test_preemption_and_chunking_keep_penalised_outputs(reference, speculative):
     assert [o.outputs[0].token_ids for o in outs] == reference
     if speculative:
         assert llm.engine.stats.spec.num_accepted_tokens_total > 0
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_a_preempted_stream_never_repeats_or_takes_back_tokens(reference, speculative):
+    """The same batch streamed step by step (every `RequestOutput`, as the server turns them into deltas): each
+    request's outputs only ever extend the previous one -- a recompute after preemption re-emits nothing and
+    drops nothing -- its text extends the text sent so far, and the last one is the reference."""
+    llm = LLM(num_gpu_blocks_override=24, block_size=16, max_model_len=256, max_num_batched_tokens=32,
+              speculative_config=SPEC if speculative else None)
+    engine = llm.engine
+    tok = llm.get_tokenizer()
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), tok.encode(prompt), PENALTIES)
+    seen: dict[str, list[int]] = {str(i): [] for i in range(len(PROMPTS))}
+    sent: dict[str, str] = {rid: "" for rid in seen}
+    preempted_while_streaming = False
+    while engine.has_unfinished_requests():
+        before = engine.scheduler.num_preemptions_total
+        for out in engine.step():
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            assert len(ids) > len(seen[out.request_id]) or out.finished, (out.request_id, ids)
+            assert ids[:len(seen[out.request_id])] == seen[out.request_id], out.request_id
+            safe = c.text if out.finished or c.stream_safe_len is None else c.text[:c.stream_safe_len]
+            assert safe.startswith(sent[out.request_id]), out.request_id
+            seen[out.request_id], sent[out.request_id] = ids, max(safe, sent[out.request_id], key=len)
+        preempted_while_streaming |= engine.scheduler.num_preemptions_total > before and any(seen.values())
+    assert preempted_while_streaming
+    assert [seen[str(i)] for i in range(len(PROMPTS))] == reference
