@@ -184,3 +184,19 @@ def test_a_stop_string_wins_over_a_later_end_of_the_same_step(runs, engine, ende
     final = _stream(engines[engine], ids, params, eos)[-1].outputs[0]
     assert (final.finish_reason, final.stop_reason, final.text) == ("stop", "4,", stopped.text)
     assert final.token_ids == stopped.token_ids
+
+
+@pytest.mark.parametrize("engine", SPECULATIVE)
+@pytest.mark.parametrize("min_tokens", [2, 5, 9])
+def test_min_tokens_holds_eos_and_stop_ids_back_inside_an_accepted_run(runs, engine, min_tokens):
+    """EOS ("3", id 35) and a stop id ("4", 37) recur inside NUMBERS' accepted runs: under min_tokens they are
+    masked at each position before it (not at the step's first only) and stop the request at the first position
+    after it, as with speculation off."""
+    _, engines, _, _ = runs
+    ids = engines["off"].get_tokenizer()(NUMBERS)["input_ids"]
+    cases = [(greedy(24, min_tokens=min_tokens), 35), (greedy(24, min_tokens=min_tokens, stop_token_ids=[37]), None)]
+    for params, eos in cases:
+        off, on = (_stream(engines[n], ids, params, eos)[-1] for n in ("off", engine))
+        assert _summary(on) == _summary(off), (min_tokens, eos)
+        final = off.outputs[0]
+        assert final.finish_reason == "stop" and len(final.token_ids) >= min_tokens
