@@ -33,13 +33,18 @@ from kernels.paged_decode_attention import gather_paged_kv
 from kernels.paged_prefill_attention import _attend_kv_range, check_prefill_args
 
 # Swept by scripts/bench_prefill_attention.py (block_m, block_n, num_warps, num_stages): FlashAttention-2/3-style
-# Hopper tiles first. Not yet timed on a GPU: DEFAULTS are the Triton tutorial's Hopper choice (128 x 128, 8 warps,
-# 3 stages), to be replaced by the sweep's fastest.
+# Hopper tiles first.
 TILE_CONFIGS = (
     (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3),
     (64, 128, 4, 3), (64, 64, 4, 3), (128, 128, 4, 3),
 )
-DEFAULTS = dict(block_m=128, block_n=128, num_warps=8, num_stages=3, reverse_tiles=True, fp8_f16=True)
+# The launcher's defaults per cache dtype, from the first sweep, on an H100 (sm_90, as the H200) at dc8ddbd
+# (benchmarks/results/prefill_attention_h100_dc8ddbd.json; us at 4 x 2,048 new tokens / the RAG chunk of 450 after
+# 5,200 cached; SDPA 270 / 174, the paged kernel's defaults 445 / 125 bf16 and 578 / 164 FP8, same run):
+# bf16 cache: 64 x 64 tiles, 4 warps, 3 stages, reversed: 353 / 124 (128 x 128 x 8 warps: 400 / 120);
+# FP8 cache: 128 x 128, 8 warps, 3 stages, reversed: 458 / 153 (64 x 64: 472 / 184). Not yet swept on the H200.
+DEFAULTS = dict(block_m=64, block_n=64, num_warps=4, num_stages=3, reverse_tiles=True, fp8_f16=True)
+FP8_DEFAULTS = dict(DEFAULTS, block_m=128, block_n=128, num_warps=8)
 
 
 def ragged_prefill_attention_ref(
@@ -195,11 +200,12 @@ def ragged_prefill_attention(
     context_lens[b] >= q_len_b; head_dim a power of two >= 16; `k` / `v` rows 16-byte aligned with their heads
     contiguous (TMA). `block_m` / `block_n` (powers of two >= 16) count a program's query rows and a KV tile's
     positions; `reverse_tiles` launches the longest query tiles first; `fp8_f16`: over an FP8 cache and a bf16 q
-    the prefix's dots run in fp16. Options left as None take DEFAULTS. Raises ValueError on bad shapes, dtypes,
-    layouts, block_m or block_n."""
+    the prefix's dots run in fp16. Options left as None take DEFAULTS (FP8_DEFAULTS over an FP8 cache). Raises
+    ValueError on bad shapes, dtypes, layouts, block_m or block_n."""
     opts = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                 reverse_tiles=reverse_tiles, fp8_f16=fp8_f16)
-    opts = {key: DEFAULTS[key] if val is None else val for key, val in opts.items()}
+    defaults = FP8_DEFAULTS if k_cache.dtype == torch.float8_e4m3fn else DEFAULTS
+    opts = {key: defaults[key] if val is None else val for key, val in opts.items()}
     out, block_size, num_kv_heads = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                                                        k_scale, v_scale, out, block_m=opts["block_m"],
                                                        block_n=opts["block_n"])

@@ -119,7 +119,9 @@ def test_lazy_rescale_matches_reference_when_the_max_grows(device, prefetch):
     paged_prefill_attention(q, k_cache, v_cache, bt, cu, lens, scale, max(q_lens), out=out, block_m=bm, block_n=bn,
                             prefetch=prefetch, lazy_rescale=True)
     ref = paged_prefill_attention_ref(q, k_cache, v_cache, bt, cu, lens, scale)
-    assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
+    # CUDA: fp32 dots run in tf32, whose error grows with these logits (4.2e-3 on an H100 at dc8ddbd, with lazy
+    # rescaling and without); a missing or wrong rescale misses by orders of magnitude
+    assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True) if device == "cpu" else 1e-2)
 
 
 # Triton's CPU interpreter (3.9) computes bf16 tl.dot wrongly (errors ~1e10 on a 16 x 16 product): bf16 dots on CUDA

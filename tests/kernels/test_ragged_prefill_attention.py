@@ -12,6 +12,7 @@ from kernels.paged_decode_attention import gather_paged_kv
 from kernels.paged_prefill_attention import paged_prefill_attention_ref
 from kernels.ragged_prefill_attention import (
     DEFAULTS,
+    FP8_DEFAULTS,
     TILE_CONFIGS,
     ragged_prefill_attention,
     ragged_prefill_attention_ref,
@@ -74,15 +75,20 @@ def test_every_swept_tile_over_an_fp8_prefix(device, block_m, block_n, reverse):
     assert err > 10 * rel_tol(torch.float32, device, uses_dot=True), err
 
 
-def test_the_defaults_match_the_reference(device):
-    """No option given: DEFAULTS (128-row tiles, reverse order) over a prefix and a chunk of several tiles."""
+@pytest.mark.parametrize("fp8", [False, True])
+def test_the_defaults_match_the_reference(device, fp8):
+    """No option given: DEFAULTS, or FP8_DEFAULTS over an FP8 cache (reverse order), over a prefix and a chunk of
+    several 128-row tiles."""
     q_lens, prefixes = [300, 130], [0, 70]
     q, k, v, k_cache, v_cache, bt, cu, lens = _setup(q_lens, prefixes, 4, 2, 32, 16, device, 3)
+    scales = dict(k_scale=0.01, v_scale=0.02) if fp8 else {}
+    if fp8:
+        k_cache, v_cache = quantize_fp8_ref(k_cache, 0.01), quantize_fp8_ref(v_cache, 0.02)
     out = poisoned(q.shape, q.dtype, device)
-    ragged_prefill_attention(q, k, v, k_cache, v_cache, bt, cu, lens, 32**-0.5, max(q_lens), out=out)
-    ref = paged_prefill_attention_ref(q, k_cache, v_cache, bt, cu, lens, 32**-0.5)
+    ragged_prefill_attention(q, k, v, k_cache, v_cache, bt, cu, lens, 32**-0.5, max(q_lens), out=out, **scales)
+    ref = ragged_prefill_attention_ref(q, k, v, k_cache, v_cache, bt, cu, lens, 32**-0.5, **scales)
     assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
-    assert DEFAULTS["block_m"] == 128
+    assert (FP8_DEFAULTS if fp8 else DEFAULTS)["reverse_tiles"]
 
 
 def test_strided_k_v_as_the_model_slices_them(device):

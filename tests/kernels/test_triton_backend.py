@@ -36,15 +36,21 @@ def scheduled(rid: str, start: int, n: int, table: list[int]) -> ScheduledReques
     return ScheduledRequest(req, [(7 * i + len(rid)) % 64 for i in range(n)], start, table, True)
 
 
-@pytest.mark.parametrize("ragged", [False, True])
-def test_mixed_batch_matches_torch_backend(ragged, monkeypatch):
-    """The prefill chunks through the paged kernel (K/V back from the cache) or the ragged one (the step's k / v
-    as the model's qkv projection slices them, the prefix from the cache)."""
+def record_prefill_kernels(monkeypatch, ragged: bool) -> list[str]:
+    """RAGGED_PREFILL set to `ragged`; returns the list the backend's prefill kernel calls append their names to."""
     monkeypatch.setattr(triton_backend, "RAGGED_PREFILL", ragged)
     calls = []
     for name in ("paged_prefill_attention", "ragged_prefill_attention"):
         real = getattr(triton_backend, name)
         monkeypatch.setattr(triton_backend, name, lambda *a, _f=real, _n=name, **kw: calls.append(_n) or _f(*a, **kw))
+    return calls
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_mixed_batch_matches_torch_backend(ragged, monkeypatch):
+    """The prefill chunks through the paged kernel (K/V back from the cache) or the ragged one (the step's k / v
+    as the model's qkv projection slices them, the prefix from the cache)."""
+    calls = record_prefill_kernels(monkeypatch, ragged)
     torch.manual_seed(0)
     model = LlamaForCausalLM(ARCH, max_position=128).to(DEVICE)
     init_dummy(model, seed=1, std=0.2)
@@ -171,11 +177,13 @@ def test_cascade_decode_with_graph_padding():
 
 
 @pytest.mark.parametrize("chunks", [[(32, 9)]])
-def test_fp8_cache_triton_backend_matches_torch_backend(chunks):
+def test_fp8_cache_triton_backend_matches_torch_backend(chunks, monkeypatch):
     """An FP8 KV cache with layer scales (k 0.05, v 0.02): the Triton backend's KV write is bit-equal to the
-    torch backend's, and its cascade and plain decode and its prefill outputs match the torch backend's."""
+    torch backend's, and its cascade and plain decode and its prefill outputs match the torch backend's (prefill
+    through the paged kernel: with RAGGED_PREFILL on, an FP8 cache still reads the chunk back quantised)."""
     from kernels.fp8 import quantize_fp8_ref
 
+    calls = record_prefill_kernels(monkeypatch, True)
     gen = torch.Generator().manual_seed(5)
     out = shared_prefix_step(chunks)
     meta = build_inputs(out, BLOCK, torch.device(DEVICE), cascade=True).meta
@@ -193,3 +201,4 @@ def test_fp8_cache_triton_backend_matches_torch_backend(chunks):
         got, kv = results[name]
         assert torch.equal(kv.view(torch.uint8), kv_ref.view(torch.uint8)), name
         assert_rel_close(got, ref, rel_tol(torch.float32, DEVICE, uses_dot=True))
+    assert calls and set(calls) == {"paged_prefill_attention"}

@@ -16,9 +16,12 @@ from shared_engine.model_executor.attention.metadata import AttentionMetadata
 from shared_engine.model_executor.attention.registry import register_backend
 
 # Prefill chunks read their own K/V from the step's k / v (kernels/ragged_prefill_attention.py, TMA) instead of
-# back from the paged cache. Off until an H200 sweep (scripts/bench_prefill_attention.py) times it faster than
-# the paged kernel at 4 x 2,048 and at the RAG chunk.
-RAGGED_PREFILL = False
+# back from the paged cache: faster than the paged kernel in all four cells of the first sweep (H100, sm_90 as the
+# H200, dc8ddbd, benchmarks/results/prefill_attention_h100_dc8ddbd.json, launcher defaults, us): 4 x 2,048 new tokens
+# bf16 353 vs 445, FP8 cache 458 vs 578; the RAG chunk bf16 124 vs 125, FP8 153 vs 164. Used where the cache holds k /
+# v exactly (cache dtype = k's): over an FP8 cache a chunk read unquantised would make a prompt's result depend on
+# where its chunks split (handed.md K6), so FP8 caches stay on the paged kernel. False: always the paged kernel.
+RAGGED_PREFILL = True
 
 
 @register_backend("triton")
@@ -50,7 +53,8 @@ class TritonPagedAttention:
         if meta.num_seqs > nd:
             cu = meta.cu_seqlens_q[nd:] - nd  # prefill tokens start right after the nd decode tokens
             args = (k_cache, v_cache, meta.block_tables[nd:], cu, meta.context_lens[nd:], scale)
-            if RAGGED_PREFILL and ragged_layout_ok(k[nd:]) and ragged_layout_ok(v[nd:]):
+            exact = k_cache.dtype == k.dtype  # the cache holds the chunk's k / v bit for bit
+            if RAGGED_PREFILL and exact and ragged_layout_ok(k[nd:]) and ragged_layout_ok(v[nd:]):
                 ragged_prefill_attention(q[nd:], k[nd:], v[nd:], *args, max_seqlen_q=meta.max_query_len,
                                          out=out[nd:], **scales)
             else:
