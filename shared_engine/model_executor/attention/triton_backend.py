@@ -15,13 +15,15 @@ from kernels.shared_prefix_decode_attention import shared_prefix_decode_attentio
 from shared_engine.model_executor.attention.metadata import AttentionMetadata
 from shared_engine.model_executor.attention.registry import register_backend
 
-# Prefill chunks read their own K/V from the step's k / v (kernels/ragged_prefill_attention.py, TMA) instead of
+# Prefill chunks may read their own K/V from the step's k / v (kernels/ragged_prefill_attention.py, TMA) instead of
 # back from the paged cache: faster than the paged kernel in all four cells of the first sweep (H100, sm_90 as the
 # H200, dc8ddbd, benchmarks/results/prefill_attention_h100_dc8ddbd.json, launcher defaults, us): 4 x 2,048 new tokens
-# bf16 353 vs 445, FP8 cache 458 vs 578; the RAG chunk bf16 124 vs 125, FP8 153 vs 164. Used where the cache holds k /
-# v exactly (cache dtype = k's): over an FP8 cache a chunk read unquantised would make a prompt's result depend on
-# where its chunks split (handed.md K6), so FP8 caches stay on the paged kernel. False: always the paged kernel.
-RAGGED_PREFILL = True
+# bf16 353 vs 445, FP8 cache 458 vs 578; the RAG chunk bf16 124 vs 125, FP8 153 vs 164; kernel and backend tests
+# passed on that GPU. Off until tests/engine/test_ragged_prefill_graphs.py (the kernel inside captured CUDA graphs,
+# generations vs the paged kernel) has passed on a GPU. Used only where the cache holds k / v exactly (cache dtype
+# = k's): over an FP8 cache a chunk read unquantised would make a prompt's result depend on where its chunks split
+# (handed.md K6), so FP8 caches stay on the paged kernel.
+RAGGED_PREFILL = False
 
 
 @register_backend("triton")
