@@ -40,7 +40,8 @@ if want 1; then
   step "FP8 kernel and layer tests (CUDA)"
   # the whole log to the file (every failure, short tracebacks); the summary lines to the console
   timeout 150 $PY -m pytest tests/kernels/test_fp8_kv_cache.py tests/kernels/test_fp8_quant.py tests/kernels/test_triton_backend.py \
-    tests/kernels/test_paged_prefill_attention.py tests/engine/test_fp8_linear.py -q -p no:cacheprovider -rfEs --tb=short > "$OUT/fp8_kernel_tests_${COMMIT}.log" 2>&1
+    tests/kernels/test_paged_prefill_attention.py tests/kernels/test_ragged_prefill_attention.py \
+    tests/engine/test_ragged_prefill_graphs.py tests/engine/test_fp8_linear.py -q -p no:cacheprovider -rfEs --tb=short > "$OUT/fp8_kernel_tests_${COMMIT}.log" 2>&1
   grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/fp8_kernel_tests_${COMMIT}.log" | tail -40
 fi
 
