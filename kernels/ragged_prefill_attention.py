@@ -38,12 +38,16 @@ TILE_CONFIGS = (
     (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3),
     (64, 128, 4, 3), (64, 64, 4, 3), (128, 128, 4, 3),
 )
+# Also swept with warp_specialize=True (Triton's automatic warp specialisation of the chunk loop; not yet timed):
+# the H100's fastest tiles at dc8ddbd and two neighbours.
+WARP_SPECIALIZED_TILES = ((128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 8, 3))
 # The launcher's defaults per cache dtype, from the first sweep, on an H100 (sm_90, as the H200) at dc8ddbd
 # (benchmarks/results/prefill_attention_h100_dc8ddbd.json; us at 4 x 2,048 new tokens / the RAG chunk of 450 after
 # 5,200 cached; SDPA 270 / 174, the paged kernel's defaults 445 / 125 bf16 and 578 / 164 FP8, same run):
 # bf16 cache: 64 x 64 tiles, 4 warps, 3 stages, reversed: 353 / 124 (128 x 128 x 8 warps: 400 / 120);
 # FP8 cache: 128 x 128, 8 warps, 3 stages, reversed: 458 / 153 (64 x 64: 472 / 184). Not yet swept on the H200.
-DEFAULTS = dict(block_m=64, block_n=64, num_warps=4, num_stages=3, reverse_tiles=True, fp8_f16=True)
+DEFAULTS = dict(block_m=64, block_n=64, num_warps=4, num_stages=3, reverse_tiles=True, fp8_f16=True,
+                warp_specialize=False)
 FP8_DEFAULTS = dict(DEFAULTS, block_m=128, block_n=128, num_warps=8)
 
 
@@ -78,28 +82,42 @@ def ragged_prefill_attention_ref(
 
 
 @triton.jit
+def _new_kv_tile(q, m_i, l_i, acc, k_desc, v_desc, row, kv_col, q_rel, n0, qk_scale, BLOCK_N: tl.constexpr,
+                 CAUSAL_MASK: tl.constexpr):
+    """One KV tile of `_attend_new_kv`: positions n0 ..< n0 + BLOCK_N, rows `row` ... of k / v."""
+    k = k_desc.load([row, kv_col])
+    s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
+    if CAUSAL_MASK:
+        s = tl.where((n0 + tl.arange(0, BLOCK_N))[None, :] <= q_rel[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = v_desc.load([row, kv_col])
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attend_new_kv(
     q, m_i, l_i, acc, k_desc, v_desc, row0, kv_col, q_rel, start, end, qk_scale,
-    BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+    BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update of rows `q` [BLOCK_M, HEAD_DIM] (row i at chunk position q_rel[i]) over the chunk's
     positions [start, end), read as rows row0 + position of k / v through TMA. Without CAUSAL_MASK every position
     of the range is before every row's. With it, positions after a row's are masked; a valid row's position is
     below `end`, so tile rows past the chunk (the next sequence's tokens, or TMA's zero fill past the tensor)
-    only reach rows past the chunk, which are never stored."""
-    offs_n = tl.arange(0, BLOCK_N)
-    for n0 in range(start, end, BLOCK_N):
-        k = k_desc.load([row0 + n0, kv_col])
-        s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
-        if CAUSAL_MASK:
-            s = tl.where((n0 + offs_n)[None, :] <= q_rel[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s * qk_scale - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = v_desc.load([row0 + n0, kv_col])
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+    only reach rows past the chunk, which are never stored. WARP_SPECIALIZE: Triton's automatic warp
+    specialisation of the loop (TMA producer warps, MMA / softmax consumers); the branch not taken is not compiled,
+    so a Triton without the option fails only the configs that ask for it."""
+    if WARP_SPECIALIZE:
+        for n0 in tl.range(start, end, BLOCK_N, warp_specialize=True):
+            m_i, l_i, acc = _new_kv_tile(q, m_i, l_i, acc, k_desc, v_desc, row0 + n0, kv_col, q_rel, n0, qk_scale,
+                                         BLOCK_N, CAUSAL_MASK)
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            m_i, l_i, acc = _new_kv_tile(q, m_i, l_i, acc, k_desc, v_desc, row0 + n0, kv_col, q_rel, n0, qk_scale,
+                                         BLOCK_N, CAUSAL_MASK)
     return m_i, l_i, acc
 
 
@@ -110,6 +128,7 @@ def _ragged_prefill_kernel(
     scale, k_scale, v_scale, stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_bts, stride_ot, stride_oh,
     QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REVERSE_TILES: tl.constexpr, DOT_F16: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     if REVERSE_TILES:  # a sequence's last (longest) query tiles start first: a shorter tail of the grid
@@ -150,9 +169,9 @@ def _ragged_prefill_kernel(
     full_end = tile * BLOCK_M // BLOCK_N * BLOCK_N
     q_rel = offs_m
     m_i, l_i, acc = _attend_new_kv(q, m_i, l_i, acc, k_desc, v_desc, q_start, kv_head * HEAD_DIM, q_rel, 0,
-                                   full_end, scale * log2e, BLOCK_N, False)
+                                   full_end, scale * log2e, BLOCK_N, False, WARP_SPECIALIZE)
     m_i, l_i, acc = _attend_new_kv(q, m_i, l_i, acc, k_desc, v_desc, q_start, kv_head * HEAD_DIM, q_rel, full_end,
-                                   chunk_end, scale * log2e, BLOCK_N, True)
+                                   chunk_end, scale * log2e, BLOCK_N, True, WARP_SPECIALIZE)
     out = acc / l_i[:, None]
     o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
@@ -192,6 +211,7 @@ def ragged_prefill_attention(
     v_scale: float = 1.0,
     reverse_tiles: bool | None = None,
     fp8_f16: bool | None = None,
+    warp_specialize: bool | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
     """Causal varlen attention of new query tokens over their cached prefix (paged, FP8 with `k_scale` /
     `v_scale` or q's dtype) and their own chunk (`k` / `v`, q's dtype); see the module docstring.
@@ -200,10 +220,11 @@ def ragged_prefill_attention(
     context_lens[b] >= q_len_b; head_dim a power of two >= 16; `k` / `v` rows 16-byte aligned with their heads
     contiguous (TMA). `block_m` / `block_n` (powers of two >= 16) count a program's query rows and a KV tile's
     positions; `reverse_tiles` launches the longest query tiles first; `fp8_f16`: over an FP8 cache and a bf16 q
-    the prefix's dots run in fp16. Options left as None take DEFAULTS (FP8_DEFAULTS over an FP8 cache). Raises
+    the prefix's dots run in fp16; `warp_specialize`: the chunk loop through Triton's warp specialisation (not yet
+    timed). Options left as None take DEFAULTS (FP8_DEFAULTS over an FP8 cache). Raises
     ValueError on bad shapes, dtypes, layouts, block_m or block_n."""
     opts = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                reverse_tiles=reverse_tiles, fp8_f16=fp8_f16)
+                reverse_tiles=reverse_tiles, fp8_f16=fp8_f16, warp_specialize=warp_specialize)
     defaults = FP8_DEFAULTS if k_cache.dtype == torch.float8_e4m3fn else DEFAULTS
     opts = {key: defaults[key] if val is None else val for key, val in opts.items()}
     out, block_size, num_kv_heads = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
@@ -228,6 +249,6 @@ def ragged_prefill_attention(
         QUERIES_PER_KV=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=bm,
         BLOCK_N=bn, REVERSE_TILES=bool(opts["reverse_tiles"]),
         DOT_F16=bool(opts["fp8_f16"]) and k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16,
-        num_warps=opts["num_warps"], num_stages=opts["num_stages"],
+        WARP_SPECIALIZE=bool(opts["warp_specialize"]), num_warps=opts["num_warps"], num_stages=opts["num_stages"],
     )  # fmt: skip
     return out

@@ -13,6 +13,7 @@ from kernels.ragged_prefill_attention import (
     DEFAULTS,
     FP8_DEFAULTS,
     TILE_CONFIGS,
+    WARP_SPECIALIZED_TILES,
     ragged_prefill_attention,
     ragged_prefill_attention_ref,
 )
@@ -50,6 +51,9 @@ def ragged_rows(q, k, v, kc, vc, bt, cu, lens, scale: float, max_q: int, scales:
     if sweep:
         r["sweep"] = [timed(block_m=bm, block_n=bn, num_warps=w, num_stages=st, reverse_tiles=rev)
                       for bm, bn, w, st in TILE_CONFIGS for rev in (True, False)]
+        # Triton's warp specialisation of the chunk loop
+        r["sweep"] += [timed(block_m=bm, block_n=bn, num_warps=w, num_stages=st, reverse_tiles=True,
+                             warp_specialize=True) for bm, bn, w, st in WARP_SPECIALIZED_TILES]
     ok = [x for x in [r["default"], *r.get("sweep", [])] if "us" in x]
     r["fastest"] = min(ok, key=lambda x: x["us"]) if ok else None
     return r
@@ -59,7 +63,8 @@ def ragged_summary(shape: str, r: dict) -> str:
     d, f = r["default"], r.get("fastest") or {}
     if "us" not in d:
         return f"{shape}: ragged default failed: {d.get('error')}"
-    cfg = {k: f[k] for k in ("block_m", "block_n", "num_warps", "num_stages", "reverse_tiles") if k in f}
+    cfg = {k: f[k] for k in ("block_m", "block_n", "num_warps", "num_stages", "reverse_tiles", "warp_specialize")
+           if k in f}
     return (f"{shape}: ragged default {d['us']:.0f} us = {d['pct_of_sdpa_speed']:.1f}% of sdpa | fastest "
             f"{f.get('us', float('nan')):.0f} us = {f.get('pct_of_sdpa_speed', float('nan')):.1f}% {cfg} | rel err "
             f"{d['rel_err']:.1e} | >= 90%: default {'yes' if d['pct_of_sdpa_speed'] >= 90 else 'NO'}, fastest "

@@ -14,6 +14,7 @@ from kernels.ragged_prefill_attention import (
     DEFAULTS,
     FP8_DEFAULTS,
     TILE_CONFIGS,
+    WARP_SPECIALIZED_TILES,
     ragged_prefill_attention,
     ragged_prefill_attention_ref,
 )
@@ -54,18 +55,24 @@ def test_ragged_prefill_matches_the_paged_reference(device, q_lens, prefixes, hq
 SWEPT = sorted({(bm, bn, rev) for bm, bn, _, _ in TILE_CONFIGS for rev in (False, True)})
 
 
+SWEPT += [(bm, bn, "warp_specialize") for bm, bn, _, _ in WARP_SPECIALIZED_TILES]  # the WS loop, reversed tiles
+
+
 @pytest.mark.parametrize("block_m,block_n,reverse", SWEPT)
 def test_every_swept_tile_over_an_fp8_prefix(device, block_m, block_n, reverse):
     """Sequences longer than a 128-row tile, with and without a cached prefix that is not a multiple of any
     tile, the prefix in an FP8 cache (k_scale, v_scale) and the chunk from k / v unquantised: against the
     reference that reads them the same way. A chunk read back from the FP8 cache, or a scale applied to the
-    chunk, misses it."""
+    chunk, misses it. "warp_specialize": the chunk loop written for Triton's warp specialisation (the interpreter
+    runs it as a plain loop: the same tiles in the same order)."""
     q_lens, prefixes = [137, 9], [0, 150]
     q, k, v, k_cache, v_cache, bt, cu, lens = _setup(q_lens, prefixes, 4, 2, 32, 16, device, block_m + block_n)
     k8, v8 = quantize_fp8_ref(k_cache, 0.01), quantize_fp8_ref(v_cache, 0.02)
     out = poisoned(q.shape, q.dtype, device)
+    ws = reverse == "warp_specialize"
     ragged_prefill_attention(q, k, v, k8, v8, bt, cu, lens, 32**-0.5, max(q_lens), out=out, k_scale=0.01,
-                             v_scale=0.02, block_m=block_m, block_n=block_n, reverse_tiles=reverse)
+                             v_scale=0.02, block_m=block_m, block_n=block_n, reverse_tiles=bool(reverse),
+                             warp_specialize=ws)
     ref = ragged_prefill_attention_ref(q, k, v, k8, v8, bt, cu, lens, 32**-0.5, k_scale=0.01, v_scale=0.02)
     assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
     # the chunk really is unquantised: reading it back from the FP8 cache is a measurably different answer
