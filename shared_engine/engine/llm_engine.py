@@ -243,15 +243,19 @@ class LLMEngine:
             self.stats.spec.on_step(out, result.sampled)
         num_tokens = 0
         for request in updated:
+            before = request.num_output_tokens
             stop, kept = self.outputs.on_tokens(request, result.sampled[request.request_id])
             num_tokens += kept
             if stop is not None:
-                request.stop_reason = stop
                 if not request.is_finished:
+                    request.stop_reason = stop
                     self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, now)
-                elif request.status is not RequestStatus.FINISHED_ABORTED:
-                    # the scheduler ended it at this token or a later one of the same accepted run (max_tokens,
-                    # max_model_len, EOS, a stop id); the stop string came first, and its tokens are cut there
+                elif request.status is RequestStatus.FINISHED_LENGTH or request.num_output_tokens < before:
+                    # the scheduler ended it in this step (an aborted request never reaches here): at a length
+                    # limit at or after the string's last token, or at an EOS / stop id after it (the tokens
+                    # after the string were cut): the string wins, as in vLLM. An EOS / stop id that is itself
+                    # the string's last token keeps its own reason.
+                    request.stop_reason = stop
                     request.status = RequestStatus.FINISHED_STOPPED
             if request.is_finished:
                 self.runner.release(request.request_id)

@@ -200,3 +200,19 @@ def test_min_tokens_holds_eos_and_stop_ids_back_inside_an_accepted_run(runs, eng
         assert _summary(on) == _summary(off), (min_tokens, eos)
         final = off.outputs[0]
         assert final.finish_reason == "stop" and len(final.token_ids) >= min_tokens
+
+
+@pytest.mark.parametrize("engine", ["off", *SPECULATIVE])
+def test_a_stop_id_that_completes_the_stop_string_keeps_its_reason(runs, engine):
+    """A tie: the stop id's own token is the stop string's last one. The id ended the request at that token and
+    keeps the stop reason (the string only wins when it completed before the scheduler's ending token)."""
+    _, engines, _, _ = runs
+    tokenizer = engines["off"].get_tokenizer()
+    ids = tokenizer(NUMBERS)["input_ids"]
+    full = _stream(engines["off"], ids, greedy(24))[-1].outputs[0].token_ids
+    j = next(j for j in range(2, len(full)) if full[j] not in full[:j])  # a token's first appearance
+    string = tokenizer.decode(full[j - 1: j + 1])
+    assert string.strip() and string not in tokenizer.decode(full[:j])
+    final = _stream(engines[engine], ids, greedy(24, stop=[string], stop_token_ids=[full[j]]))[-1].outputs[0]
+    assert (final.finish_reason, final.stop_reason) == ("stop", full[j])
+    assert final.token_ids == full[: j + 1]
