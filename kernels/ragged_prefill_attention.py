@@ -82,8 +82,8 @@ def ragged_prefill_attention_ref(
 
 
 @triton.jit
-def _new_kv_tile(q, m_i, l_i, acc, k_desc, v_desc, row, kv_col, q_rel, n0, qk_scale, BLOCK_N: tl.constexpr,
-                 CAUSAL_MASK: tl.constexpr):
+def _new_kv_tile(q, m_i, l_i, acc, k_desc, v_desc, row, kv_col, q_rel, n0, chunk_len, qk_scale,
+                 BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr):
     """One KV tile of `_attend_new_kv`: positions n0 ..< n0 + BLOCK_N, rows `row` ... of k / v."""
     k = k_desc.load([row, kv_col])
     s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
@@ -94,30 +94,33 @@ def _new_kv_tile(q, m_i, l_i, acc, k_desc, v_desc, row, kv_col, q_rel, n0, qk_sc
     p = tl.exp2(s * qk_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     v = v_desc.load([row, kv_col])
+    if CAUSAL_MASK:  # rows past the chunk (another sequence's, or a CUDA graph's padding: anything, NaN too) -> 0
+        v = tl.where((n0 + tl.arange(0, BLOCK_N) < chunk_len)[:, None], v, 0.0)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return m_new, l_i, acc
 
 
 @triton.jit
 def _attend_new_kv(
-    q, m_i, l_i, acc, k_desc, v_desc, row0, kv_col, q_rel, start, end, qk_scale,
+    q, m_i, l_i, acc, k_desc, v_desc, row0, kv_col, q_rel, start, end, chunk_len, qk_scale,
     BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update of rows `q` [BLOCK_M, HEAD_DIM] (row i at chunk position q_rel[i]) over the chunk's
     positions [start, end), read as rows row0 + position of k / v through TMA. Without CAUSAL_MASK every position
-    of the range is before every row's. With it, positions after a row's are masked; a valid row's position is
-    below `end`, so tile rows past the chunk (the next sequence's tokens, or TMA's zero fill past the tensor)
-    only reach rows past the chunk, which are never stored. WARP_SPECIALIZE: Triton's automatic warp
+    of the range is before every row's. With it, positions after a row's are masked and V rows at or past
+    `chunk_len` are zeroed: tile rows past the chunk hold the next sequence's tokens, TMA's zero fill past the
+    tensor, or a CUDA graph's padding rows, whose k / v may be NaN (a masked p of 0 times NaN is NaN); a masked
+    score becomes -inf whatever K held. WARP_SPECIALIZE: Triton's automatic warp
     specialisation of the loop (TMA producer warps, MMA / softmax consumers); the branch not taken is not compiled,
     so a Triton without the option fails only the configs that ask for it."""
     if WARP_SPECIALIZE:
         for n0 in tl.range(start, end, BLOCK_N, warp_specialize=True):
-            m_i, l_i, acc = _new_kv_tile(q, m_i, l_i, acc, k_desc, v_desc, row0 + n0, kv_col, q_rel, n0, qk_scale,
-                                         BLOCK_N, CAUSAL_MASK)
+            m_i, l_i, acc = _new_kv_tile(q, m_i, l_i, acc, k_desc, v_desc, row0 + n0, kv_col, q_rel, n0, chunk_len,
+                                         qk_scale, BLOCK_N, CAUSAL_MASK)
     else:
         for n0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc = _new_kv_tile(q, m_i, l_i, acc, k_desc, v_desc, row0 + n0, kv_col, q_rel, n0, qk_scale,
-                                         BLOCK_N, CAUSAL_MASK)
+            m_i, l_i, acc = _new_kv_tile(q, m_i, l_i, acc, k_desc, v_desc, row0 + n0, kv_col, q_rel, n0, chunk_len,
+                                         qk_scale, BLOCK_N, CAUSAL_MASK)
     return m_i, l_i, acc
 
 
@@ -169,9 +172,9 @@ def _ragged_prefill_kernel(
     full_end = tile * BLOCK_M // BLOCK_N * BLOCK_N
     q_rel = offs_m
     m_i, l_i, acc = _attend_new_kv(q, m_i, l_i, acc, k_desc, v_desc, q_start, kv_head * HEAD_DIM, q_rel, 0,
-                                   full_end, scale * log2e, BLOCK_N, False, WARP_SPECIALIZE)
+                                   full_end, q_len, scale * log2e, BLOCK_N, False, WARP_SPECIALIZE)
     m_i, l_i, acc = _attend_new_kv(q, m_i, l_i, acc, k_desc, v_desc, q_start, kv_head * HEAD_DIM, q_rel, full_end,
-                                   chunk_end, scale * log2e, BLOCK_N, True, WARP_SPECIALIZE)
+                                   chunk_end, q_len, scale * log2e, BLOCK_N, True, WARP_SPECIALIZE)
     out = acc / l_i[:, None]
     o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
@@ -179,8 +182,8 @@ def _ragged_prefill_kernel(
 
 def ragged_layout_ok(x: torch.Tensor) -> bool:
     """Whether [num_tokens, num_kv_heads, head_dim] `x` can be read through a TMA descriptor: heads contiguous
-    within a row, 16-byte aligned rows and start."""
-    return (TensorDescriptor is not None and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+    within a row, 16-byte aligned rows and start, head_dim <= 256 (a TMA box dimension)."""
+    return (TensorDescriptor is not None and x.stride(2) == 1 and x.stride(1) == x.shape[2] and x.shape[2] <= 256
             and (x.stride(0) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0)
 
 
@@ -230,12 +233,16 @@ def ragged_prefill_attention(
     out, block_size, num_kv_heads = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                                                        k_scale, v_scale, out, block_m=opts["block_m"],
                                                        block_n=opts["block_n"])
+    if opts["block_n"] > 256:
+        raise ValueError(f"block_n must be <= 256 (a TMA box dimension), got {opts['block_n']}")
     for name, x in (("k", k), ("v", v)):
         check_tensor(name, x, 3, (q.dtype,))
         check_shape(name, x, (q.shape[0], k_cache.shape[2], q.shape[2]))
+        if TensorDescriptor is None:
+            raise ValueError("this Triton has no host-side TMA descriptors (triton.tools.tensor_descriptor)")
         if not ragged_layout_ok(x):
-            raise ValueError(f"{name} needs contiguous heads and 16-byte aligned rows and start, got strides "
-                             f"{x.stride()}, address {x.data_ptr()}")
+            raise ValueError(f"{name} needs contiguous heads, 16-byte aligned rows and start and head_dim <= 256, "
+                             f"got shape {tuple(x.shape)}, strides {x.stride()}, address {x.data_ptr()}")
     check_same_device(q=q, k=k, v=v)
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]

@@ -18,6 +18,8 @@ from kernels.ragged_prefill_attention import (
     ragged_prefill_attention_ref,
 )
 
+MAX_REL_ERR = 2e-2  # "fastest" only among configs this close to the reference (bf16 rows: ~2e-3)
+
 
 def chunk_kv(q, k_cache, v_cache, bt, q_lens: list[int], ctx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunk rows of every sequence (bf16), as k / v views into a [tokens, (hq + 2 hk) * d] buffer."""
@@ -54,7 +56,7 @@ def ragged_rows(q, k, v, kc, vc, bt, cu, lens, scale: float, max_q: int, scales:
         # Triton's warp specialisation of the chunk loop
         r["sweep"] += [timed(block_m=bm, block_n=bn, num_warps=w, num_stages=st, reverse_tiles=True,
                              warp_specialize=True) for bm, bn, w, st in WARP_SPECIALIZED_TILES]
-    ok = [x for x in [r["default"], *r.get("sweep", [])] if "us" in x]
+    ok = [x for x in [r["default"], *r.get("sweep", [])] if "us" in x and x["rel_err"] < MAX_REL_ERR]
     r["fastest"] = min(ok, key=lambda x: x["us"]) if ok else None
     return r
 

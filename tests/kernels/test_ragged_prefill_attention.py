@@ -112,15 +112,31 @@ def test_strided_k_v_as_the_model_slices_them(device):
                      rel_tol(torch.float32, device, uses_dot=True))
 
 
+def test_nan_rows_past_the_chunks_change_nothing(device):
+    """A CUDA graph's padding rows past the step's tokens hold anything, NaN too, in k / v: the real rows' outputs
+    equal the reference (the last tile of a chunk reads rows past it; a masked p of 0 times a NaN V is NaN)."""
+    q_lens, prefixes = [5, 7], [0, 16]
+    q, k, v, k_cache, v_cache, bt, cu, lens = _setup(q_lens, prefixes, 4, 2, 32, 16, device, 4)
+    pad = torch.full((20, 2, 32), float("nan"), device=device)
+    qp, kp, vp = torch.cat([q, torch.randn(20, 4, 32, device=device)]), torch.cat([k, pad]), torch.cat([v, pad])
+    out = poisoned(qp.shape, qp.dtype, device)
+    ragged_prefill_attention(qp, kp, vp, k_cache, v_cache, bt, cu, lens, 32**-0.5, max(q_lens), out=out,
+                             block_m=16, block_n=16)
+    ref = paged_prefill_attention_ref(q, k_cache, v_cache, bt, cu, lens, 32**-0.5)
+    assert_rel_close(out[: sum(q_lens)], ref, rel_tol(torch.float32, device, uses_dot=True))
+
+
 def test_ragged_prefill_rejects_bad_inputs(device):
     q, k, v, k_cache, v_cache, bt, cu, lens = _setup([5], [0], 4, 2, 64, 16, device, 1)
-    with pytest.raises(ValueError, match="contiguous heads"):
+    with pytest.raises(ValueError, match="contiguous heads"):  # (match: the error names the layout it needs)
         gapped = torch.zeros(5, 2, 128, device=device)[..., :64]  # head stride 128: not one TMA row per token
         ragged_prefill_attention(q, gapped, v, k_cache, v_cache, bt, cu, lens, 0.1, 5)
     with pytest.raises(ValueError, match="k"):
         ragged_prefill_attention(q, k[:4], v, k_cache, v_cache, bt, cu, lens, 0.1, 5)
     with pytest.raises(ValueError, match="block_n"):
         ragged_prefill_attention(q, k, v, k_cache, v_cache, bt, cu, lens, 0.1, 5, block_n=48)
+    with pytest.raises(ValueError, match="block_n must be <= 256"):
+        ragged_prefill_attention(q, k, v, k_cache, v_cache, bt, cu, lens, 0.1, 5, block_n=512)
     with pytest.raises(ValueError, match="cu_seqlens_q"):
         ragged_prefill_attention(q, k, v, k_cache, v_cache, bt, cu[:1], lens, 0.1, 5)
 

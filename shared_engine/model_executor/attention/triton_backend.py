@@ -21,8 +21,9 @@ from shared_engine.model_executor.attention.registry import register_backend
 # bf16 353 vs 445, FP8 cache 458 vs 578; the RAG chunk bf16 124 vs 125, FP8 153 vs 164; kernel and backend tests
 # passed on that GPU. Off until tests/engine/test_ragged_prefill_graphs.py (the kernel inside captured CUDA graphs,
 # generations vs the paged kernel) has passed on a GPU. Used only where the cache holds k / v exactly (cache dtype
-# = k's): over an FP8 cache a chunk read unquantised would make a prompt's result depend on where its chunks split
-# (handed.md K6), so FP8 caches stay on the paged kernel.
+# = k's). Its tiles follow the chunk, so where a prompt's chunks split moves its results at rounding level (the
+# paged kernel tiles absolute positions: split-invariant); over an FP8 cache an unquantised chunk would move them at
+# quantisation level (handed.md K6), so FP8 caches stay on the paged kernel.
 RAGGED_PREFILL = False
 
 
