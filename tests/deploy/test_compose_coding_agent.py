@@ -87,7 +87,9 @@ def test_every_turn_of_a_session_lands_on_one_replica(agent_stack):
 
 
 def test_prometheus_scrapes_both_replicas(agent_stack):
-    deadline = time.monotonic() + 60
+    # 180 s: on the 2-core CI machine a replica still finishing the previous test's turns can miss Prometheus's
+    # 5 s scrape timeout for a while (this failed once at 60 s in a fresh clone at ab38e1d); a dead one never comes up
+    deadline = time.monotonic() + 180
     while True:
         targets = httpx.get(f"{agent_stack['PROMETHEUS_PORT']}/api/v1/targets", timeout=30).json()
         health = sorted((t["labels"]["replica"], t["health"]) for t in targets["data"]["activeTargets"])
