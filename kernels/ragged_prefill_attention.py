@@ -41,13 +41,19 @@ TILE_CONFIGS = (
 # Also swept with warp_specialize=True (Triton's automatic warp specialisation of the chunk loop; not yet timed):
 # the H100's fastest tiles at dc8ddbd and two neighbours.
 WARP_SPECIALIZED_TILES = ((128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 8, 3))
+# Also swept (block_m, block_n, num_warps, num_stages, maxnreg): more programs an SM. At c6876ad (H100) 64 x 64 with
+# 4 warps led at 4 x 2,048 (355-369 us) and every 128-row tile trailed (428-451 us) though it reads half the K/V
+# per FLOP: an SM holds one 8-warp 128-row program (registers, and shared memory at 3 stages), so nothing hides its
+# softmax behind another program's MMAs. Fewer stages and a register cap (ptxas) let two or more programs share it.
+OCCUPANCY_TILES = ((64, 64, 4, 2, None), (64, 64, 4, 4, None), (64, 64, 4, 3, 128), (64, 64, 4, 2, 128),
+                   (128, 64, 8, 2, None), (128, 64, 8, 2, 128), (128, 128, 8, 2, 128), (64, 32, 4, 3, None))
 # The launcher's defaults per cache dtype, from the first sweep, on an H100 (sm_90, as the H200) at dc8ddbd
 # (benchmarks/results/prefill_attention_h100_dc8ddbd.json; us at 4 x 2,048 new tokens / the RAG chunk of 450 after
 # 5,200 cached; SDPA 270 / 174, the paged kernel's defaults 445 / 125 bf16 and 578 / 164 FP8, same run):
 # bf16 cache: 64 x 64 tiles, 4 warps, 3 stages, reversed: 353 / 124 (128 x 128 x 8 warps: 400 / 120);
 # FP8 cache: 128 x 128, 8 warps, 3 stages, reversed: 458 / 153 (64 x 64: 472 / 184). Not yet swept on the H200.
 DEFAULTS = dict(block_m=64, block_n=64, num_warps=4, num_stages=3, reverse_tiles=True, fp8_f16=True,
-                warp_specialize=False)
+                warp_specialize=False, maxnreg=None)
 FP8_DEFAULTS = dict(DEFAULTS, block_m=128, block_n=128, num_warps=8)
 
 
@@ -215,6 +221,7 @@ def ragged_prefill_attention(
     reverse_tiles: bool | None = None,
     fp8_f16: bool | None = None,
     warp_specialize: bool | None = None,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], q.dtype
     """Causal varlen attention of new query tokens over their cached prefix (paged, FP8 with `k_scale` /
     `v_scale` or q's dtype) and their own chunk (`k` / `v`, q's dtype); see the module docstring.
@@ -223,13 +230,13 @@ def ragged_prefill_attention(
     context_lens[b] >= q_len_b; head_dim a power of two >= 16; `k` / `v` rows 16-byte aligned with their heads
     contiguous (TMA). `block_m` / `block_n` (powers of two >= 16) count a program's query rows and a KV tile's
     positions; `reverse_tiles` launches the longest query tiles first; `fp8_f16`: over an FP8 cache and a bf16 q
-    the prefix's dots run in fp16; `warp_specialize`: the chunk loop through Triton's warp specialisation (not yet
-    timed). Options left as None take DEFAULTS (FP8_DEFAULTS over an FP8 cache). Raises
-    ValueError on bad shapes, dtypes, layouts, block_m or block_n."""
+    the prefix's dots run in fp16; `warp_specialize`: the chunk loop through Triton's warp specialisation; `maxnreg`
+    caps registers per thread (ptxas; None: no cap). Options left as None take DEFAULTS (FP8_DEFAULTS over an FP8
+    cache). Raises ValueError on bad shapes, dtypes, layouts, block_m or block_n."""
     opts = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                reverse_tiles=reverse_tiles, fp8_f16=fp8_f16, warp_specialize=warp_specialize)
+                reverse_tiles=reverse_tiles, fp8_f16=fp8_f16, warp_specialize=warp_specialize, maxnreg=maxnreg)
     defaults = FP8_DEFAULTS if k_cache.dtype == torch.float8_e4m3fn else DEFAULTS
-    opts = {key: defaults[key] if val is None else val for key, val in opts.items()}
+    opts = {key: defaults[key] if val is None else val for key, val in opts.items()}  # maxnreg None: no cap
     out, block_size, num_kv_heads = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                                                        k_scale, v_scale, out, block_m=opts["block_m"],
                                                        block_n=opts["block_n"])
@@ -257,5 +264,6 @@ def ragged_prefill_attention(
         BLOCK_N=bn, REVERSE_TILES=bool(opts["reverse_tiles"]),
         DOT_F16=bool(opts["fp8_f16"]) and k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16,
         WARP_SPECIALIZE=bool(opts["warp_specialize"]), num_warps=opts["num_warps"], num_stages=opts["num_stages"],
+        **({"maxnreg": int(opts["maxnreg"])} if opts["maxnreg"] else {}),
     )  # fmt: skip
     return out

@@ -194,23 +194,25 @@ def bench_prefill_case(
 
 
 def bench_prefill(matmul_tflops: float, sweep: bool, gen, qlen: int = 2048, kv_dtypes=("bf16",),
-                  ragged_sweep: bool | None = None) -> dict:
+                  ragged_sweep: bool | None = None, rag_chunk: bool = True) -> dict:
     """4 x 2048-token prefills (keys as in earlier results files: ours_* is the default layout) and a RAG
     step's chunk: 1 sequence, 450 new tokens after a 5,200-token cached prefix (llama-3.1-8b heads)."""
     ragged_sweep = sweep if ragged_sweep is None else ragged_sweep
     long = bench_prefill_case([qlen] * 4, [0] * 4, matmul_tflops, sweep, gen, kv_dtypes=kv_dtypes,
                               ragged_sweep=ragged_sweep)
     torch.cuda.empty_cache()
-    rag = bench_prefill_case([450], [5200], matmul_tflops, sweep, gen, kv_dtypes=kv_dtypes, ragged_sweep=ragged_sweep)
-    for r in (long, rag, long.get("fp8"), rag.get("fp8")):
+    rag = (bench_prefill_case([450], [5200], matmul_tflops, sweep, gen, kv_dtypes=kv_dtypes, ragged_sweep=ragged_sweep)
+           if rag_chunk else None)
+    for r in (long, rag, long.get("fp8"), rag and rag.get("fp8")):
         if r is None:
             continue
         best = [r[k] for k in ("default", "baseline", "default_sweep_best") if r.get(k, {})]
         ok = [x for x in best if "us" in x]
         r["fastest"] = min(ok, key=lambda x: x["us"]) if ok else None
-    rag["per_step_32_layers_ms"] = {
-        k: 32 * rag[k]["us"] / 1e3 for k in ("default",) if "us" in rag[k]
-    } | {"sdpa": 32 * rag["sdpa_us"] / 1e3}
+    if rag is not None:
+        rag["per_step_32_layers_ms"] = {
+            k: 32 * rag[k]["us"] / 1e3 for k in ("default",) if "us" in rag[k]
+        } | {"sdpa": 32 * rag["sdpa_us"] / 1e3}
     d = long["default"]
     return {
         **long,
@@ -218,14 +220,17 @@ def bench_prefill(matmul_tflops: float, sweep: bool, gen, qlen: int = 2048, kv_d
         "ours_TFLOPs": d.get("TFLOPs"),
         "ours_pct_matmul_peak": d.get("pct_matmul_peak"),
         "rel_err_vs_sdpa": d.get("rel_err"),
-        "rag_chunk": rag,
+        **({"rag_chunk": rag} if rag is not None else {}),
     }
 
 
 def summary_rows(prefill: dict) -> list[str]:
     """One line per (shape, cache dtype): SDPA, our default and our fastest config, as % of SDPA's speed."""
     rows = []
-    for case, sdpa in ((prefill, prefill), (prefill["rag_chunk"], prefill["rag_chunk"])):
+    for case in (prefill, prefill.get("rag_chunk")):
+        if case is None:
+            continue
+        sdpa = case
         for r in (case, case.get("fp8")):
             if r is None:
                 continue
@@ -256,6 +261,7 @@ def main() -> None:
     ap.add_argument("--ragged-sweep", action="store_true",
                     help="sweep only the ragged kernel's tiles (the paged kernel at its defaults and aab412d's)")
     ap.add_argument("--no-fp8", action="store_true", help="bf16 KV only")
+    ap.add_argument("--no-rag-chunk", action="store_true", help="4 x 2,048 only (a short sweep)")
     ap.add_argument("--commit", default=None, help="git commit (default: GIT_COMMIT, else git rev-parse HEAD)")
     args = ap.parse_args()
     commit = args.commit or git_commit()
@@ -267,7 +273,7 @@ def main() -> None:
                "commit": commit, "command": " ".join(sys.argv), "ceilings": measure_ceilings()}
     kv = ("bf16",) if args.no_fp8 else ("bf16", "fp8")
     results["prefill"] = bench_prefill(results["ceilings"]["bf16_matmul_TFLOPs"], args.sweep, gen, kv_dtypes=kv,
-                                       ragged_sweep=args.sweep or args.ragged_sweep)
+                                       ragged_sweep=args.sweep or args.ragged_sweep, rag_chunk=not args.no_rag_chunk)
     results["summary"] = summary_rows(results["prefill"])
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(f"{results['gpu']}  matmul {results['ceilings']['bf16_matmul_TFLOPs']:.0f} TFLOP/s  commit {commit}")

@@ -12,6 +12,7 @@ from kernels.paged_decode_attention import gather_paged_kv
 from kernels.ragged_prefill_attention import (
     DEFAULTS,
     FP8_DEFAULTS,
+    OCCUPANCY_TILES,
     TILE_CONFIGS,
     WARP_SPECIALIZED_TILES,
     ragged_prefill_attention,
@@ -56,6 +57,9 @@ def ragged_rows(q, k, v, kc, vc, bt, cu, lens, scale: float, max_q: int, scales:
         # Triton's warp specialisation of the chunk loop
         r["sweep"] += [timed(block_m=bm, block_n=bn, num_warps=w, num_stages=st, reverse_tiles=True,
                              warp_specialize=True) for bm, bn, w, st in WARP_SPECIALIZED_TILES]
+        # more programs an SM: fewer stages, a register cap
+        r["sweep"] += [timed(block_m=bm, block_n=bn, num_warps=w, num_stages=st, reverse_tiles=True, maxnreg=reg)
+                       for bm, bn, w, st, reg in OCCUPANCY_TILES]
     ok = [x for x in [r["default"], *r.get("sweep", [])] if "us" in x and x["rel_err"] < MAX_REL_ERR]
     r["fastest"] = min(ok, key=lambda x: x["us"]) if ok else None
     return r
@@ -65,7 +69,8 @@ def ragged_summary(shape: str, r: dict) -> str:
     d, f = r["default"], r.get("fastest") or {}
     if "us" not in d:
         return f"{shape}: ragged default failed: {d.get('error')}"
-    cfg = {k: f[k] for k in ("block_m", "block_n", "num_warps", "num_stages", "reverse_tiles", "warp_specialize")
+    cfg = {k: f[k] for k in ("block_m", "block_n", "num_warps", "num_stages", "reverse_tiles", "warp_specialize",
+                             "maxnreg")
            if k in f}
     return (f"{shape}: ragged default {d['us']:.0f} us = {d['pct_of_sdpa_speed']:.1f}% of sdpa | fastest "
             f"{f.get('us', float('nan')):.0f} us = {f.get('pct_of_sdpa_speed', float('nan')):.1f}% {cfg} | rel err "
