@@ -8,6 +8,11 @@
 # REPLICAS (default: 2 where two GPUs are visible, else 1): 2 replicas, one per GPU, behind nginx (needs
 # `nginx` installed: apt-get install nginx), as the compose file deploys; 1 replica on one GPU, every session
 # on it (the brief's "8-16 sessions on one H200"), no router.
+# DEADLINE_S (default 400): the replay stops that many seconds after it starts and the results file records the
+# turns that finished ("complete": false), so a run that cannot finish the trace still leaves its figures inside
+# the device's 10-minute limit. At cae0e36 the first attempt on one H100 (a 444,848-token pool, half the H200's)
+# did not finish the trace in 560 s and left only its server log
+# (benchmarks/results/coding_agent_first_attempt_h100_cae0e36_cut.server0.log).
 # Results: OUTDIR/<variant>_results_h200.json and the server's log; copy them to
 # case_coding_agent/<variant>/results_h200.json, then run report.py.
 set -euo pipefail
@@ -18,4 +23,4 @@ shift 2
 GPUS=$(nvidia-smi -L | wc -l)
 REPLICAS=${REPLICAS:-$(( GPUS >= 2 ? 2 : 1 ))}
 $PY -m case_coding_agent.loadtest.run_case --profile h200 --variant "$VARIANT" --synthetic-prompts --gpus \
-  --replicas "$REPLICAS" --out "$OUT/${VARIANT}_results_h200.json" "$@"
+  --replicas "$REPLICAS" --deadline-s "${DEADLINE_S:-400}" --out "$OUT/${VARIANT}_results_h200.json" "$@"

@@ -10,6 +10,7 @@ cached tokens) and the replica nginx chose (`X-Upstream-Addr`). Times are second
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -81,14 +82,18 @@ async def run_turn(client: httpx.AsyncClient, base_url: str, model: str, record:
 
 
 async def replay(base_url: str, model: str, records: list[TraceRecord], prompts: dict[str, dict],
-                 timeout_s: float = 1800.0, token_ids=None) -> list[TurnResult]:
+                 timeout_s: float = 1800.0, token_ids=None, deadline_s: float | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> list[TurnResult]:
     """Every session of `records` concurrently; `prompts`: request_id → prompts.jsonl row (its `append`
     text and `kind`). `token_ids(record) -> list[int]`: send those ids instead of the texts (dummy weights:
-    `trace.synthetic_token_ids`). Returns the turns in the order they finished."""
+    `trace.synthetic_token_ids`). `deadline_s` (seconds from the start, None: none): turns still running then
+    are cancelled (their connections closed) and not returned, nor are the turns not yet sent. Returns the
+    turns that finished, in the order they did. `transport`: httpx's (tests pass a mock server)."""
     results: list[TurnResult] = []
     t0 = time.monotonic()
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30), limits=limits) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30), limits=limits,
+                                 transport=transport) as client:
         async def session(turns: list[TraceRecord]) -> None:
             text, previous = "", None
             for i, record in enumerate(turns):
@@ -102,5 +107,8 @@ async def replay(base_url: str, model: str, records: list[TraceRecord], prompts:
                 if previous.error:
                     return
 
-        await asyncio.gather(*(session(turns) for turns in sessions(records).values()))
+        # at the deadline the finished turns are in results; the caller sees fewer turns than the trace's
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(session(turns) for turns in sessions(records).values())),
+                                   deadline_s)
     return results

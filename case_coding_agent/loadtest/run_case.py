@@ -95,6 +95,8 @@ def main(argv=None) -> int:
     ap.add_argument("--synthetic-prompts", action="store_true", help="send the trace's synthetic token ids "
                     "(dummy weights, the h200 profile) instead of the prompt texts")
     ap.add_argument("--gpus", action="store_true", help="one CUDA device per replica")
+    ap.add_argument("--deadline-s", type=float, help="stop the replay this many seconds after it starts and record "
+                    "the turns that finished (the results file says the run was cut); default: none")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     trace = args.trace or TRACES / args.profile / "trace.jsonl"
@@ -130,7 +132,7 @@ def main(argv=None) -> int:
         started = time.time()
         vocab = int(card.get("vocab_size") or 32000)
         ids = (lambda r: synthetic_token_ids(r, header["block_tokens"], vocab)) if args.synthetic_prompts else None
-        turns = asyncio.run(replay(url, card["id"], records, prompts, token_ids=ids))
+        turns = asyncio.run(replay(url, card["id"], records, prompts, token_ids=ids, deadline_s=args.deadline_s))
         wall_s = time.time() - started
         after = [scrape(s.url) for s in servers]
     finally:
@@ -151,12 +153,15 @@ def main(argv=None) -> int:
               "config_file": str(config.relative_to(CASE_DIR)), "config_yaml": config.read_text(),
               "profile_engine_flags": flags, "model": card, "engine_config": engine_config,
               "trace": str(trace.relative_to(CASE_DIR)), "trace_header": header, "wall_s": round(wall_s, 1),
+              # a run stopped at --deadline-s: its summary covers only the turns that finished by then
+              "complete": len(turns) == len(records), "trace_turns": len(records), "deadline_s": args.deadline_s,
               "summary": summarize(rows, block_size), "replica_counters": replicas, "turns": rows}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
     s = record["summary"]
     print(json.dumps({k: v for k, v in s.items() if k != "replicas_per_session"}, indent=1))
-    print(f"wrote {out} ({wall_s:.0f} s)")
+    cut = "" if record["complete"] else f"; CUT at the deadline: {len(turns)} of {len(records)} turns finished"
+    print(f"wrote {out} ({wall_s:.0f} s{cut})")
     return 0
 
 
