@@ -109,7 +109,7 @@ def _decode_split_kernel(
     QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT_OUT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, Q_PAD: tl.constexpr, REDUCE_TILE: tl.constexpr, INTERLEAVE: tl.constexpr,
-    MERGE_2D: tl.constexpr, PDL: tl.constexpr,
+    MERGE_2D: tl.constexpr, PDL: tl.constexpr, DOT_F16: tl.constexpr,
 ):  # fmt: skip
     if PDL:  # launched while the previous kernel ends: wait for its writes (q, the KV cache), then let the
         tl.extra.cuda.gdc_wait()  # reduce kernel (if any) launch early; it waits for this one in turn
@@ -130,6 +130,8 @@ def _decode_split_kernel(
         q_ptr + seq * stride_qs + q_heads[:, None] * stride_qh + offs_d[None, :],
         mask=g_mask[:, None], other=0.0,
     )  # fmt: skip
+    if DOT_F16:  # K/V tiles follow q's dtype (attend_paged_kv): e4m3 -> fp16, the dots in fp16
+        q = q.to(tl.float16)
     qk_scale = scale * 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2(e))
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
@@ -239,6 +241,12 @@ MIN_SPLIT_TOKENS = 128  # two BLOCK_N tiles
 # decode_kernel_tests_h200_c518670.log, bench_decode_long_h200_c518670.log); the two-kernel merge stays the
 # served path until a GPU run passes.
 FUSE_REDUCE = False
+# Over an FP8 cache and a bf16 q, cast q and the e4m3 K/V tiles to fp16 rather than bf16 (exact either way: e4m3
+# has 3 mantissa bits and a range inside fp16's) and run the dots in fp16: sm_89+/sm_90 convert e4m3 pairs to
+# fp16 in one instruction, to bf16 only through wider types. The prefill kernel's same option (fp8_f16) was
+# 16-26% faster over FP8 caches on the H200 at 9a99c62; FP8 KV decode ran at 38.7% of its bound at 1,000 / 1,000
+# on an H100 at c6876ad against bf16's 65.1%. OFF until scripts/bench_decode_fp8.py has timed it on a GPU.
+FP8_DOT_F16 = False
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int = 132,
@@ -284,6 +292,7 @@ def paged_decode_attention(
     min_split_tokens: int = 1,
     merge_2d: bool = False,
     pdl: bool = False,
+    fp8_f16: bool | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_q_heads, head_dim], q.dtype
     """Attention of one query token per sequence over `context_lens[s]` cached tokens (tokens 0..n-1).
 
@@ -305,7 +314,8 @@ def paged_decode_attention(
     the fused merge reads fewer partials); 1 leaves every split that has a tile working. `merge_2d`: the
     fused merge one query head at a time in 2-D tiles (kernels/split_k_finish.py). `pdl`: both kernels as
     programmatic dependent launches (Hopper; needs Triton's launch_pdl), each waiting in-kernel for the
-    kernel before it, so their launches overlap the previous kernel's end.
+    kernel before it, so their launches overlap the previous kernel's end. `fp8_f16` (default FP8_DOT_F16):
+    over an FP8 cache with a bf16 q, q and the K/V tiles in fp16 for the dots (the output stays q's dtype).
     Raises ValueError on bad shapes, dtypes or layouts.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES)
@@ -361,6 +371,8 @@ def paged_decode_attention(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT_OUT=direct,
         FUSED_REDUCE=fused, Q_PAD=max(2, triton.next_power_of_2(group)), REDUCE_TILE=reduce_tile,
         INTERLEAVE=interleave, MERGE_2D=merge_2d, PDL=pdl, **({"launch_pdl": True} if pdl else {}),
+        DOT_F16=bool(FP8_DOT_F16 if fp8_f16 is None else fp8_f16) and k_cache.dtype == torch.float8_e4m3fn
+        and q.dtype == torch.bfloat16,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if not direct and not fused:

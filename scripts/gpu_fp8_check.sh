@@ -22,7 +22,7 @@
 # Measured at 6e21304 (H200, warm): steps 1-3 55 s. Estimate, cold Triton cache: step 1 ~90 s, step 2 ~90 s (fp32
 # baseline), step 3 ~90 s (four engines), step 7 ~180 s; ~60 s start-up + 80-110 s per offline run. Run
 # STEPS=1,2,3,7 (~7.5 min; carry h200_tokenizer/), then STEPS=4,5 (~6 min), then STEPS=6 (~3 min), one warm machine.
-#   GIT_COMMIT=<sha> [STEPS=1,2,3,4,5,6,7,8,9] [NUM_REQUESTS=1000] scripts/gpu_fp8_check.sh OUTDIR  (the device copy has no .git)
+#   GIT_COMMIT=<sha> [STEPS=1,2,3,4,5,6,7,8,9,10] [NUM_REQUESTS=1000] scripts/gpu_fp8_check.sh OUTDIR  (the device copy has no .git)
 set -uo pipefail
 OUT=${1:?usage: gpu_fp8_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -82,5 +82,12 @@ if want 7; then
   timeout 300 $PY scripts/bench_prefill_attention.py ${PREFILL_SWEEP:---sweep} --commit "$COMMIT" \
     --out "$OUT/prefill_attention_h200_${COMMIT}.json" > "$OUT/prefill_attention_${COMMIT}.log" 2>&1
   tail -8 "$OUT/prefill_attention_${COMMIT}.log"
+fi
+# 10: decode attention over an FP8 cache vs bf16 at the 1,000 / 1,000 decode shapes, bf16 vs fp16 dots
+# (scripts/bench_decode_fp8.py, ~30 s): what FP8_DOT_F16 in kernels/paged_decode_attention.py waits for
+if want 10; then
+  step "decode attention, FP8 vs bf16 cache, bf16 vs fp16 dots (batch 228 / 458, 1,536 tokens)"
+  timeout 120 $PY scripts/bench_decode_fp8.py --commit "$COMMIT" --out "$OUT/decode_fp8_h200_${COMMIT}.json" \
+    2>&1 | tee "$OUT/decode_fp8_${COMMIT}.log" | tail -8
 fi
 echo "== done in $(( $(date +%s) - started )) s"
