@@ -34,6 +34,7 @@ STEPS=${STEPS:-1,2,3,4,5,6,7}
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
 step() { echo "== $1 ($(date +%T))"; }
 started=$(date +%s)
+. scripts/gpu_card.sh  # CARD: results files name the card they ran on
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/nvidia_smi.txt"
 
 if want 1; then
@@ -48,7 +49,7 @@ fi
 if want 2; then
   step "per-layer error of FP8 KV / FP8 weights vs bf16 (dummy llama-3.1-8b)"
   timeout 240 $PY scripts/fp8_layer_error.py --model llama-3.1-8b --load-format dummy \
-    --out "$OUT/fp8_layer_error_h200_llama8b_${COMMIT}.json" 2>&1 | tail -8 | tee "$OUT/fp8_layer_error_${COMMIT}.log"
+    --out "$OUT/fp8_layer_error_${CARD}_llama8b_${COMMIT}.json" 2>&1 | tail -8 | tee "$OUT/fp8_layer_error_${COMMIT}.log"
 fi
 
 if want 3; then
@@ -80,14 +81,14 @@ want 9 && offline fp8_nano128 --kv-cache-dtype fp8 --quantization fp8 --nano-bat
 if want 7; then
   step "prefill attention vs SDPA, bf16 and FP8 KV, tile sweep (4 x 2048; 450 after 5200)"
   timeout 300 $PY scripts/bench_prefill_attention.py ${PREFILL_SWEEP:---sweep} --commit "$COMMIT" \
-    --out "$OUT/prefill_attention_h200_${COMMIT}.json" > "$OUT/prefill_attention_${COMMIT}.log" 2>&1
+    --out "$OUT/prefill_attention_${CARD}_${COMMIT}.json" > "$OUT/prefill_attention_${COMMIT}.log" 2>&1
   tail -8 "$OUT/prefill_attention_${COMMIT}.log"
 fi
 # 10: decode attention over an FP8 cache vs bf16 at the 1,000 / 1,000 decode shapes, bf16 vs fp16 dots
 # (scripts/bench_decode_fp8.py, ~30 s): what FP8_DOT_F16 in kernels/paged_decode_attention.py waits for
 if want 10; then
   step "decode attention, FP8 vs bf16 cache, bf16 vs fp16 dots (batch 228 / 458, 1,536 tokens)"
-  timeout 120 $PY scripts/bench_decode_fp8.py --commit "$COMMIT" --out "$OUT/decode_fp8_h200_${COMMIT}.json" \
+  timeout 120 $PY scripts/bench_decode_fp8.py --commit "$COMMIT" --out "$OUT/decode_fp8_${CARD}_${COMMIT}.json" \
     2>&1 | tee "$OUT/decode_fp8_${COMMIT}.log" | tail -8
 fi
 echo "== done in $(( $(date +%s) - started )) s"

@@ -31,18 +31,19 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$(pwd):${PYTHONPATH:-}"
 PY=${PYTHON:-python3}
 STEPS=" ${STEPS:-tests bench} "
 C=${GIT_COMMIT:-unknown}
+. scripts/gpu_card.sh  # CARD: results files name the card they ran on
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/nvidia_smi.txt"
 if [[ "$STEPS" == *" tests "* ]]; then
   echo "== GPU tests ($(date +%T))"
   timeout ${TEST_TIMEOUT:-110} $PY -m pytest -q -x -p no:cacheprovider tests/kernels/test_rejection_sampling.py \
-    tests/engine/test_spec_decode_cuda.py 2>&1 | tail -15 | tee "$OUT/spec_gpu_tests_h200_$C.txt"
+    tests/engine/test_spec_decode_cuda.py 2>&1 | tail -15 | tee "$OUT/spec_gpu_tests_${CARD}_$C.txt"
 fi
 if [[ "$STEPS" == *" bench "* ]]; then
   echo "== replay benchmark, forced acceptance ($(date +%T))"
   timeout ${BENCH_TIMEOUT:-190} $PY scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b \
     --load-format dummy --input-len 1000 --output-len ${OUTPUT_LEN:-128} --batch-sizes ${BATCH_SIZES:-64 256 448} \
     --ks 3 5 --acceptance 0.6 0.8 --throughput-acceptance 0.8 --batch1-prompts ${BATCH1_PROMPTS:-3} \
-    --out "$OUT/spec_decode_h200_replay_$C.json" 2>&1 | grep -vE "^\s*$" | tee "$OUT/spec_bench_log_$C.txt" \
+    --out "$OUT/spec_decode_${CARD}_replay_$C.json" 2>&1 | grep -vE "^\s*$" | tee "$OUT/spec_bench_log_$C.txt" \
     | grep -E "^batch |wrote|Error|error" | tail -12
 fi
 if [[ "$STEPS" == *" draft "* ]]; then
@@ -50,7 +51,7 @@ if [[ "$STEPS" == *" draft "* ]]; then
   timeout ${DRAFT_TIMEOUT:-100} $PY scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b \
     --load-format dummy --draft-model llama-3.2-1b --input-len 1000 --output-len ${OUTPUT_LEN:-128} \
     --batch-sizes 0 --ks 3 5 --acceptance 0.6 0.8 --batch1-prompts ${BATCH1_PROMPTS:-3} \
-    --out "$OUT/spec_decode_h200_draft_cost_$C.json" 2>&1 | grep -vE "^\s*$" | tee "$OUT/spec_draft_cost_log_$C.txt" \
+    --out "$OUT/spec_decode_${CARD}_draft_cost_$C.json" 2>&1 | grep -vE "^\s*$" | tee "$OUT/spec_draft_cost_log_$C.txt" \
     | grep -E "^batch |wrote|Error|error" | tail -6
 fi
 if [[ "$STEPS" == *" bench1000 "* ]]; then
@@ -58,7 +59,7 @@ if [[ "$STEPS" == *" bench1000 "* ]]; then
   timeout ${BENCH1000_TIMEOUT:-360} $PY scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b \
     --load-format dummy --input-len 1000 --output-len 1000 --batch-sizes ${BATCH_SIZES:-64 256 448} --ks 3 5 \
     --throughput-acceptance 0.8 --policies auto --time-recording --batch1-prompts 0 --calibration-len 32 \
-    --gpu-memory-utilization 0.95 --out "$OUT/spec_decode_h200_replay1000_$C.json" 2>&1 | grep -vE "^\s*$" \
+    --gpu-memory-utilization 0.95 --out "$OUT/spec_decode_${CARD}_replay1000_$C.json" 2>&1 | grep -vE "^\s*$" \
     | tee "$OUT/spec_bench1000_log_$C.txt" | grep -E "^batch |\"predicted\":|wrote|Error|error" | tail -12
 fi
 if [[ "$STEPS" == *" agent "* ]]; then
@@ -66,7 +67,7 @@ if [[ "$STEPS" == *" agent "* ]]; then
   timeout ${AGENT_TIMEOUT:-240} $PY scripts/bench_spec_decode.py --workload replay --model llama-3.1-8b \
     --load-format dummy --input-len ${AGENT_INPUT_LEN:-16000} --output-len 256 --batch-sizes 4 32 --ks 8 \
     --throughput-acceptance 0.69 --policies auto --batch1-prompts 0 \
-    --out "$OUT/spec_decode_agent_replay_$C.json" 2>&1 | grep -vE "^\s*$" | tee "$OUT/spec_agent_log_$C.txt" \
+    --out "$OUT/spec_decode_agent_${CARD}_replay_$C.json" 2>&1 | grep -vE "^\s*$" | tee "$OUT/spec_agent_log_$C.txt" \
     | grep -E "^batch |wrote|Error|error" | tail -6
 fi
 echo "== done ($(date +%T))"
