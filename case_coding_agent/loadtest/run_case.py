@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,6 +85,15 @@ def machine() -> dict:
     return {"cpu_count": os.cpu_count(), "loadavg": list(os.getloadavg())}
 
 
+def kv_pool_tokens(log_path: Path) -> int | None:
+    """A server's KV pool in tokens, from its start-up line ("KV cache size: 444,848 tokens, ..."); None if absent."""
+    try:
+        found = re.search(r"KV cache size: ([\d,]+) tokens", log_path.read_text(errors="replace"))
+    except OSError:
+        return None
+    return int(found.group(1).replace(",", "")) if found else None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="cpu")
@@ -143,7 +153,10 @@ def main(argv=None) -> int:
     from benchmarks.env_info import environment
 
     rows = [asdict(t) | {"ttft_s": t.ttft_s, "tpot_s": t.tpot_s} for t in turns]
-    block_size = int(engine_config.get("block_size", 16))
+    pools = [kv_pool_tokens(s.log_path) for s in servers]
+    # the hit-rate ceiling's granularity: the engine's block, or with synthetic ids the trace's hash block (two
+    # turns' ids agree only over whole hash blocks, trace.synthetic_token_ids; sim_case.py does the same)
+    block_size = header["block_tokens"] if args.synthetic_prompts else int(engine_config.get("block_size", 16))
     replicas = {s.url.removeprefix("http://"): delta(b, a) for s, b, a in zip(servers, before, after)}
     record = {"case": "coding_agent", "profile": args.profile, "variant": args.variant,
               "command": "python -m case_coding_agent.loadtest.run_case " + " ".join(sys.argv[1:] or argv or []),
@@ -156,6 +169,11 @@ def main(argv=None) -> int:
               # a run stopped at --deadline-s: its summary covers only the turns that finished by then
               "complete": len(turns) == len(records), "trace_turns": len(records), "deadline_s": args.deadline_s,
               "summary": summarize(rows, block_size), "replica_counters": replicas, "turns": rows}
+    summary = record["summary"]
+    summary["kv_pool_tokens"] = pools  # a replica's pool, from its start-up log line
+    # the live sessions' peak need over the pools they share (one replica: exactly its pool)
+    summary["kv_oversubscription"] = (round(summary["peak_kv_need_tokens"] / sum(pools), 3)
+                                      if all(pools) and pools else None)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
     s = record["summary"]

@@ -1,6 +1,7 @@
 """The case's figures from a replay's turns (dicts as results files store them; `TurnResult` fields plus
-`ttft_s` and `tpot_s`): prompt-token hit rate on turns >= 2 (and its ceiling), warm-turn TTFT while a cold
-long prefill runs, ITL and TPOT (all turns and edit turns), and session affinity (replicas per session).
+`ttft_s` and `tpot_s`): prompt-token hit rate on turns >= 2 (and its ceiling), reusable tokens computed again
+and the peak KV the live sessions need (for the oversubscription figure), warm-turn TTFT while a cold long
+prefill runs, ITL and TPOT (all turns and edit turns), and session affinity (replicas per session).
 """
 
 from __future__ import annotations
@@ -30,6 +31,43 @@ def hit_rate(turns: list[dict], block_size: int) -> dict:
     return {"turns2plus_prompt_tokens": prompt, "turns2plus_cached_tokens": cached,
             "turns2plus_hit_rate": round(cached / prompt, 4) if prompt else None,
             "turns2plus_hit_rate_ceiling": round(reusable / prompt, 4) if prompt else None}
+
+
+def recompute(turns: list[dict], block_size: int) -> dict:
+    """The brief's recompute figure: prompt tokens that a cache which lost nothing would have served (the
+    previous turn's prompt in whole engine blocks, as in `hit_rate`) but that were computed again, summed over
+    turns >= 2 (per turn at least 0), and their share of every turn's prompt tokens (first turns included)."""
+    by_session: dict[str, list[dict]] = {}
+    for t in sorted(turns, key=lambda t: (t["session_id"], t["turn"])):
+        by_session.setdefault(t["session_id"], []).append(t)
+    lost = 0
+    for session in by_session.values():
+        for prev, t in zip(session, session[1:]):
+            if not (t["error"] or prev["error"]):
+                lost += max(0, prev["prompt_tokens"] // block_size * block_size - t["cached_tokens"])
+    prompt = sum(t["prompt_tokens"] for t in turns if not t["error"])
+    return {"recomputed_reusable_tokens": lost,
+            "recomputed_share_of_prompt_tokens": round(lost / prompt, 4) if prompt else None}
+
+
+def peak_kv_need(turns: list[dict]) -> dict:
+    """Tokens of KV that holding every live session would take at the busiest moment: a session is live from its
+    first turn's start to its last turn's end (`end_s`, else its start) and holds its latest started turn's
+    prompt and output tokens; the peak is taken at turn starts (a session only grows while live). Divided by a
+    replica's pool it gives the run's KV oversubscription (block rounding and in-flight tokens not counted)."""
+    by_session: dict[str, list[dict]] = {}
+    for t in sorted(turns, key=lambda t: t["start_s"]):
+        by_session.setdefault(t["session_id"], []).append(t)
+    spans = [(ts, ts[0]["start_s"], max(t.get("end_s") or t["start_s"] for t in ts)) for ts in by_session.values()]
+    peak = 0
+    for now in sorted({t["start_s"] for t in turns}):
+        need = 0
+        for ts, first, last in spans:
+            if first <= now <= last:
+                latest = [t for t in ts if t["start_s"] <= now][-1]
+                need += latest["prompt_tokens"] + latest["output_tokens"]
+        peak = max(peak, need)
+    return {"peak_kv_need_tokens": peak}
 
 
 def warm_ttft_during_cold(turns: list[dict]) -> dict:
@@ -70,4 +108,5 @@ def affinity(turns: list[dict]) -> dict:
 def summarize(turns: list[dict], block_size: int) -> dict:
     ok = [t for t in turns if not t["error"]]
     return {"num_turns": len(turns), "num_failed": len(turns) - len(ok), **hit_rate(turns, block_size),
-            **warm_ttft_during_cold(ok), **token_latency(ok), **affinity(turns)}
+            **recompute(turns, block_size), **peak_kv_need(ok), **warm_ttft_during_cold(ok), **token_latency(ok),
+            **affinity(turns)}

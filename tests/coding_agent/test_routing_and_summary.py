@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from case_coding_agent.loadtest.summary import affinity, hit_rate, token_latency, warm_ttft_during_cold
+from case_coding_agent.loadtest.run_case import kv_pool_tokens
+from case_coding_agent.loadtest.summary import (
+    affinity,
+    hit_rate,
+    peak_kv_need,
+    recompute,
+    summarize,
+    token_latency,
+    warm_ttft_during_cold,
+)
 from case_coding_agent.router import nginx_conf
 
 CASE = Path(__file__).resolve().parents[2] / "case_coding_agent"
@@ -91,3 +100,42 @@ def test_token_latency_and_affinity():
     assert lat["all_median_itl_ms"] == 500.0
     a = affinity(turns)
     assert a["sessions_on_one_replica"] == 1 and a["replicas_per_session"] == {"s": ["a", "b"], "t": ["b"]}
+
+
+def test_recompute_counts_reusable_tokens_the_cache_did_not_serve():
+    turns = [turn("s", 1, 100, 0, 0, 1), turn("s", 2, 150, 96, 2, 3),  # everything reusable served
+             turn("s", 3, 200, 48, 4, 5),                               # 144 reusable, 48 served: 96 recomputed
+             turn("t", 1, 40, 0, 0, 1), turn("t", 2, 60, 32, 2, 3)]     # 32 reusable, 32 served
+    r = recompute(turns, 16)
+    assert r["recomputed_reusable_tokens"] == 96
+    assert r["recomputed_share_of_prompt_tokens"] == round(96 / 550, 4)  # over every turn's prompt tokens
+    more = [*turns[:2], turn("s", 3, 200, 160, 4, 5)]  # served more than the previous prompt: never negative
+    assert recompute(more, 16)["recomputed_reusable_tokens"] == 0
+
+
+def test_peak_kv_need_sums_the_live_sessions_latest_turns():
+    def live(session, n, prompt, start, end, output):
+        t = turn(session, n, prompt, 0, start, start + 1)
+        t["output_tokens"], t["end_s"] = output, end
+        return t
+
+    a1, a2 = live("a", 1, 100, 0, 2, 10), live("a", 2, 300, 5, 7, 20)
+    b1, b2 = live("b", 1, 50, 2, 4, 5), live("b", 2, 80, 8, 10, 5)
+    # at 5 s: a holds its turn 2 (320), b its turn 1 (55); at 8 s a has ended, b holds 85
+    assert peak_kv_need([a1, a2, b1, b2])["peak_kv_need_tokens"] == 375
+    c1 = live("c", 1, 1000, 20, 22, 1)  # starts after both ended: alone
+    assert peak_kv_need([a1, a2, b1, b2, c1])["peak_kv_need_tokens"] == 1001
+    s = summarize([a1, a2, b1, b2, c1], 16)
+    assert s["peak_kv_need_tokens"] == 1001 and "recomputed_share_of_prompt_tokens" in s
+
+
+def test_the_pool_size_is_read_from_the_servers_start_up_line(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("INFO ... shared_engine: KV cache size: 444,848 tokens, maximum concurrency for 131,072 tokens "
+                   "per request: 3.39x\n")
+    assert kv_pool_tokens(log) == 444848
+    log.write_text("no such line\n")
+    assert kv_pool_tokens(log) is None
+    assert kv_pool_tokens(tmp_path / "missing.log") is None
+    real = Path(__file__).parents[2] / "benchmarks/results/coding_agent_first_attempt_h100_cae0e36_cut.server0.log"
+    assert kv_pool_tokens(real) == 444848  # the engine's own wording, from a GPU run
