@@ -245,7 +245,9 @@ FUSE_REDUCE = False
 # has 3 mantissa bits and a range inside fp16's) and run the dots in fp16: sm_89+/sm_90 convert e4m3 pairs to
 # fp16 in one instruction, to bf16 only through wider types. The prefill kernel's same option (fp8_f16) was
 # 16-26% faster over FP8 caches on the H200 at 9a99c62; FP8 KV decode ran at 38.7% of its bound at 1,000 / 1,000
-# on an H100 at c6876ad against bf16's 65.1%. OFF until scripts/bench_decode_fp8.py has timed it on a GPU.
+# on an H100 at c6876ad against bf16's 65.1%. fp16 tops out at 65504, so a q entry beyond it (bf16 reaches 3.4e38)
+# would become inf and the row NaN: attention queries after RMSNorm and the q projection sit far below, but the
+# cast is not checked. OFF until scripts/bench_decode_fp8.py has timed it on a GPU.
 FP8_DOT_F16 = False
 
 
@@ -315,7 +317,8 @@ def paged_decode_attention(
     fused merge one query head at a time in 2-D tiles (kernels/split_k_finish.py). `pdl`: both kernels as
     programmatic dependent launches (Hopper; needs Triton's launch_pdl), each waiting in-kernel for the
     kernel before it, so their launches overlap the previous kernel's end. `fp8_f16` (default FP8_DOT_F16):
-    over an FP8 cache with a bf16 q, q and the K/V tiles in fp16 for the dots (the output stays q's dtype).
+    over an FP8 cache with a bf16 q, q and the K/V tiles in fp16 for the dots (the output stays q's dtype; a q
+    entry beyond fp16's 65504 becomes inf and its rows NaN, unchecked).
     Raises ValueError on bad shapes, dtypes or layouts.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES)

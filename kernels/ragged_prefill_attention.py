@@ -42,9 +42,10 @@ TILE_CONFIGS = (
 # the H100's fastest tiles at dc8ddbd and two neighbours.
 WARP_SPECIALIZED_TILES = ((128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 8, 3))
 # Also swept (block_m, block_n, num_warps, num_stages, maxnreg): more programs an SM. At c6876ad (H100) 64 x 64 with
-# 4 warps led at 4 x 2,048 (355-369 us) and every 128-row tile trailed (428-451 us) though it reads half the K/V
-# per FLOP: an SM holds one 8-warp 128-row program (registers, and shared memory at 3 stages), so nothing hides its
-# softmax behind another program's MMAs. Fewer stages and a register cap (ptxas) let two or more programs share it.
+# 4 warps led at 4 x 2,048 (355-369 us) and every 8-warp 128-row tile trailed (428-451 us; 4-warp ones 1,027-1,245)
+# though it reads half the K/V per FLOP: an SM holds one 8-warp 128-row program (registers, and shared memory at
+# 3 stages), so nothing hides its softmax behind another program's MMAs. Fewer stages and a register cap (ptxas)
+# let two or more programs share it.
 OCCUPANCY_TILES = ((64, 64, 4, 2, None), (64, 64, 4, 4, None), (64, 64, 4, 3, 128), (64, 64, 4, 2, 128),
                    (128, 64, 8, 2, None), (128, 64, 8, 2, 128), (128, 128, 8, 2, 128), (64, 32, 4, 3, None))
 # The launcher's defaults per cache dtype, from the first sweep, on an H100 (sm_90, as the H200) at dc8ddbd

@@ -46,8 +46,7 @@ def rows_for_batch(batch: int, copy_gbs: float, gen) -> list[dict]:
     k8, ks = fp8(k_cache)
     v8, vs = fp8(v_cache)
     ref16 = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens, scale)
-    ref8 = paged_decode_attention_ref(q, dequantize_fp8_ref(k8, ks, BF16), dequantize_fp8_ref(v8, vs, BF16), bt, lens,
-                                      scale)
+    ref8 = paged_decode_attention_ref(q, dequantize_fp8_ref(k8, ks), dequantize_fp8_ref(v8, vs), bt, lens, scale)
     cases = (("bf16 cache", k_cache, v_cache, {}, ref16, 2),
              ("fp8 cache, bf16 dots", k8, v8, dict(k_scale=ks, v_scale=vs, fp8_f16=False), ref8, 1),
              ("fp8 cache, fp16 dots", k8, v8, dict(k_scale=ks, v_scale=vs, fp8_f16=True), ref8, 1))

@@ -80,7 +80,7 @@ want 8 && offline bf16_nano128 --nano-batch-min-decodes 128
 want 9 && offline fp8_nano128 --kv-cache-dtype fp8 --quantization fp8 --nano-batch-min-decodes 128
 if want 7; then
   step "prefill attention vs SDPA, bf16 and FP8 KV, tile sweep (4 x 2048; 450 after 5200)"
-  timeout 300 $PY scripts/bench_prefill_attention.py ${PREFILL_SWEEP:---sweep} --commit "$COMMIT" \
+  timeout 480 $PY scripts/bench_prefill_attention.py ${PREFILL_SWEEP:---sweep} --commit "$COMMIT" \
     --out "$OUT/prefill_attention_${CARD}_${COMMIT}.json" > "$OUT/prefill_attention_${COMMIT}.log" 2>&1
   tail -8 "$OUT/prefill_attention_${COMMIT}.log"
 fi

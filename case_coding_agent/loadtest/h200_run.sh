@@ -11,7 +11,7 @@
 # DEADLINE_S (default 400): the replay stops that many seconds after it starts and the results file records the
 # turns that finished ("complete": false), so a run that cannot finish the trace still leaves its figures inside
 # the device's 10-minute limit. At cae0e36 the first attempt on one H100 (a 444,848-token pool, half the H200's)
-# did not finish the trace in 560 s and left only its server log
+# did not finish the trace inside the call's `timeout 560` and left only its server log
 # (benchmarks/results/coding_agent_first_attempt_h100_cae0e36_cut.server0.log).
 # Results: OUTDIR/<variant>_results_h200.json and the server's log; copy them to
 # case_coding_agent/<variant>/results_h200.json, then run report.py.

@@ -10,7 +10,6 @@ cached tokens) and the replica nginx chose (`X-Upstream-Addr`). Times are second
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -83,12 +82,14 @@ async def run_turn(client: httpx.AsyncClient, base_url: str, model: str, record:
 
 async def replay(base_url: str, model: str, records: list[TraceRecord], prompts: dict[str, dict],
                  timeout_s: float = 1800.0, token_ids=None, deadline_s: float | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> list[TurnResult]:
+                 transport: httpx.AsyncBaseTransport | None = None, on_deadline=None) -> list[TurnResult]:
     """Every session of `records` concurrently; `prompts`: request_id → prompts.jsonl row (its `append`
     text and `kind`). `token_ids(record) -> list[int]`: send those ids instead of the texts (dummy weights:
     `trace.synthetic_token_ids`). `deadline_s` (seconds from the start, None: none): turns still running then
     are cancelled (their connections closed) and not returned, nor are the turns not yet sent. Returns the
-    turns that finished, in the order they did. `transport`: httpx's (tests pass a mock server)."""
+    turns that finished, in the order they did; `on_deadline()` is called if the deadline cut the replay (a
+    session that stopped at a failed turn also returns fewer turns, without it). `transport`: httpx's (tests
+    pass a mock server)."""
     results: list[TurnResult] = []
     t0 = time.monotonic()
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
@@ -107,8 +108,10 @@ async def replay(base_url: str, model: str, records: list[TraceRecord], prompts:
                 if previous.error:
                     return
 
-        # at the deadline the finished turns are in results; the caller sees fewer turns than the trace's
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(asyncio.gather(*(session(turns) for turns in sessions(records).values())),
                                    deadline_s)
+        except TimeoutError:  # the finished turns are in results; say that the deadline cut the rest
+            if on_deadline is not None:
+                on_deadline()
     return results

@@ -142,7 +142,9 @@ def main(argv=None) -> int:
         started = time.time()
         vocab = int(card.get("vocab_size") or 32000)
         ids = (lambda r: synthetic_token_ids(r, header["block_tokens"], vocab)) if args.synthetic_prompts else None
-        turns = asyncio.run(replay(url, card["id"], records, prompts, token_ids=ids, deadline_s=args.deadline_s))
+        cut = []
+        turns = asyncio.run(replay(url, card["id"], records, prompts, token_ids=ids, deadline_s=args.deadline_s,
+                                   on_deadline=lambda: cut.append(True)))
         wall_s = time.time() - started
         after = [scrape(s.url) for s in servers]
     finally:
@@ -166,8 +168,10 @@ def main(argv=None) -> int:
               "config_file": str(config.relative_to(CASE_DIR)), "config_yaml": config.read_text(),
               "profile_engine_flags": flags, "model": card, "engine_config": engine_config,
               "trace": str(trace.relative_to(CASE_DIR)), "trace_header": header, "wall_s": round(wall_s, 1),
-              # a run stopped at --deadline-s: its summary covers only the turns that finished by then
-              "complete": len(turns) == len(records), "trace_turns": len(records), "deadline_s": args.deadline_s,
+              # a run stopped at --deadline-s: its summary covers only the turns that finished by then, so its
+              # TTFT and during-cold figures lean to short turns and its peak KV need is understated
+              "complete": not cut, "cut_at_deadline": bool(cut), "trace_turns": len(records),
+              "deadline_s": args.deadline_s,
               "summary": summarize(rows, block_size), "replica_counters": replicas, "turns": rows}
     summary = record["summary"]
     summary["kv_pool_tokens"] = pools  # a replica's pool, from its start-up log line
@@ -178,8 +182,8 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(record, indent=1) + "\n")
     s = record["summary"]
     print(json.dumps({k: v for k, v in s.items() if k != "replicas_per_session"}, indent=1))
-    cut = "" if record["complete"] else f"; CUT at the deadline: {len(turns)} of {len(records)} turns finished"
-    print(f"wrote {out} ({wall_s:.0f} s{cut})")
+    note = f"; CUT at the deadline: {len(turns)} of {len(records)} turns finished" if cut else ""
+    print(f"wrote {out} ({wall_s:.0f} s{note})")
     return 0
 
 

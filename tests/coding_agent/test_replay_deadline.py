@@ -43,20 +43,36 @@ def test_a_deadline_returns_the_finished_turns_and_cancels_the_rest():
 
     records = [record("fast", 1, 0), record("fast", 2, 100), record("slow", 1, 0), record("late", 1, 20_000)]
     prompts = {r.request_id: {"append": "hi ", "kind": "read"} for r in records}
-    started = time.monotonic()
+    started, cut = time.monotonic(), []
     turns = asyncio.run(replay("http://engine", "m", records, prompts, deadline_s=1.0,
-                               transport=httpx.MockTransport(handler)))
+                               transport=httpx.MockTransport(handler), on_deadline=lambda: cut.append(1)))
+    assert cut == [1]
     assert time.monotonic() - started < 10  # not the slow turn's 30 s
     assert sorted(t.request_id for t in turns) == ["fast-1", "fast-2"]
     assert all(t.error is None and t.output_tokens == 1 and t.first_token_s is not None for t in turns)
     assert sorted(sent) == ["fast", "fast", "slow"]  # the session due at 20 s never sent its turn
 
 
-def test_without_a_deadline_every_turn_finishes():
+def test_before_the_deadline_every_turn_finishes():
     async def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, stream=SlowStream(0.05))
 
     records = [record("a", 1, 0), record("a", 2, 10), record("b", 1, 0)]
     prompts = {r.request_id: {"append": "hi ", "kind": "read"} for r in records}
-    turns = asyncio.run(replay("http://engine", "m", records, prompts, transport=httpx.MockTransport(handler)))
-    assert sorted(t.request_id for t in turns) == ["a-1", "a-2", "b-1"]
+    cut = []
+    turns = asyncio.run(replay("http://engine", "m", records, prompts, deadline_s=30.0,
+                               transport=httpx.MockTransport(handler), on_deadline=lambda: cut.append(1)))
+    assert sorted(t.request_id for t in turns) == ["a-1", "a-2", "b-1"] and cut == []
+
+
+def test_a_failed_turn_ends_its_session_without_counting_as_a_cut():
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500 if request.headers["x-session-id"] == "a" else 200, stream=SlowStream(0.0))
+
+    records = [record("a", 1, 0), record("a", 2, 10), record("b", 1, 0)]
+    prompts = {r.request_id: {"append": "hi ", "kind": "read"} for r in records}
+    cut = []
+    turns = asyncio.run(replay("http://engine", "m", records, prompts, deadline_s=30.0,
+                               transport=httpx.MockTransport(handler), on_deadline=lambda: cut.append(1)))
+    assert sorted((t.request_id, t.error is None) for t in turns) == [("a-1", False), ("b-1", True)]
+    assert cut == []  # fewer turns than the trace, but no deadline fired

@@ -13,6 +13,7 @@ from kernels.paged_prefill_attention import paged_prefill_attention_ref
 from kernels.ragged_prefill_attention import (
     DEFAULTS,
     FP8_DEFAULTS,
+    OCCUPANCY_TILES,
     TILE_CONFIGS,
     WARP_SPECIALIZED_TILES,
     ragged_prefill_attention,
@@ -56,6 +57,7 @@ SWEPT = sorted({(bm, bn, rev) for bm, bn, _, _ in TILE_CONFIGS for rev in (False
 
 
 SWEPT += [(bm, bn, "warp_specialize") for bm, bn, _, _ in WARP_SPECIALIZED_TILES]  # the WS loop, reversed tiles
+SWEPT += sorted({(bm, bn, True) for bm, bn, _, _, _ in OCCUPANCY_TILES} - set(SWEPT))  # the occupancy sweep's shapes
 
 
 @pytest.mark.parametrize("block_m,block_n,reverse", SWEPT)

@@ -20,12 +20,12 @@ from shared_engine.model_executor.attention.registry import register_backend
 # H200, dc8ddbd, benchmarks/results/prefill_attention_h100_dc8ddbd.json, launcher defaults, us): 4 x 2,048 new tokens
 # bf16 353 vs 445, FP8 cache 458 vs 578; the RAG chunk bf16 124 vs 125, FP8 153 vs 164; kernel and backend tests
 # passed on that GPU. On since c6876ad's GPU run: tests/engine/test_ragged_prefill_graphs.py (the kernel inside
-# captured CUDA graphs, generations vs the paged kernel) passed on an H100 (benchmarks/results/
-# fp8_kernel_tests_h100_c6876ad.log); the sweep at c6876ad (same card): 4 x 2,048 bf16 359 vs the paged kernel's
-# 439 us. Used only where the cache holds k / v exactly (cache dtype = k's). Its tiles follow the chunk, so where
-# a prompt's chunks split moves its results at rounding level (the paged kernel tiles absolute positions:
-# split-invariant); over an FP8 cache an unquantised chunk would move them at quantisation level (handed.md K6),
-# so FP8 caches stay on the paged kernel.
+# captured CUDA graphs, generations vs the paged kernel; fp32, like the other graph tests) and the kernel's bf16
+# tests at llama-8b shapes passed on an H100 (benchmarks/results/fp8_kernel_tests_h100_c6876ad.log); the sweep at
+# c6876ad (same card): 4 x 2,048 bf16 359 vs the paged kernel's 439 us. Used only where the cache holds k / v
+# exactly (cache dtype = k's). Its tiles follow the chunk, so where a prompt's chunks split moves its results at
+# rounding level (the paged kernel tiles absolute positions: split-invariant); over an FP8 cache an unquantised
+# chunk would move them at quantisation level (handed.md K6), so FP8 caches stay on the paged kernel.
 RAGGED_PREFILL = True
 
 
