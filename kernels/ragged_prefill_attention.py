@@ -56,6 +56,21 @@ OCCUPANCY_TILES = ((64, 64, 4, 2, None), (64, 64, 4, 4, None), (64, 64, 4, 3, 12
 DEFAULTS = dict(block_m=64, block_n=64, num_warps=4, num_stages=3, reverse_tiles=True, fp8_f16=True,
                 warp_specialize=False, maxnreg=None)
 FP8_DEFAULTS = dict(DEFAULTS, block_m=128, block_n=128, num_warps=8)
+# bf16 cache, chunks of at most SHORT_CHUNK_MAX_Q tokens (a serving step's chunk behind a long cached prefix, where
+# the prefix loop is most of the work and 128-row tiles read half the K/V per FLOP): 128 x 128 tiles, 8 warps, in
+# launch order. The RAG chunk on the H100: 120 us against the 64 x 64 default's 124 at dc8ddbd, 122 against 131 at
+# c6876ad (prefill_attention_h100_c6876ad.json; the paged kernel 125 / 124 us), where the 64 x 64 default had made
+# the ragged path slower than the paged one it replaced. At 4 x 2,048 the same tiles take 428-440 us against 359.
+SHORT_CHUNK_MAX_Q = 512
+SHORT_CHUNK_DEFAULTS = dict(DEFAULTS, block_m=128, block_n=128, num_warps=8, reverse_tiles=False)
+
+
+def launch_defaults(cache_dtype: torch.dtype, max_seqlen_q: int) -> dict:
+    """The options a call that names none runs with: FP8_DEFAULTS over an FP8 cache, else SHORT_CHUNK_DEFAULTS
+    when no chunk exceeds SHORT_CHUNK_MAX_Q tokens, else DEFAULTS."""
+    if cache_dtype == torch.float8_e4m3fn:
+        return FP8_DEFAULTS
+    return SHORT_CHUNK_DEFAULTS if max_seqlen_q <= SHORT_CHUNK_MAX_Q else DEFAULTS
 
 
 def ragged_prefill_attention_ref(
@@ -232,11 +247,11 @@ def ragged_prefill_attention(
     contiguous (TMA). `block_m` / `block_n` (powers of two >= 16) count a program's query rows and a KV tile's
     positions; `reverse_tiles` launches the longest query tiles first; `fp8_f16`: over an FP8 cache and a bf16 q
     the prefix's dots run in fp16; `warp_specialize`: the chunk loop through Triton's warp specialisation; `maxnreg`
-    caps registers per thread (ptxas; None: no cap). Options left as None take DEFAULTS (FP8_DEFAULTS over an FP8
-    cache). Raises ValueError on bad shapes, dtypes, layouts, block_m or block_n."""
+    caps registers per thread (ptxas; None: no cap). Options left as None take `launch_defaults` (by the cache
+    dtype and max_seqlen_q). Raises ValueError on bad shapes, dtypes, layouts, block_m or block_n."""
     opts = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                 reverse_tiles=reverse_tiles, fp8_f16=fp8_f16, warp_specialize=warp_specialize, maxnreg=maxnreg)
-    defaults = FP8_DEFAULTS if k_cache.dtype == torch.float8_e4m3fn else DEFAULTS
+    defaults = launch_defaults(k_cache.dtype, max_seqlen_q)
     opts = {key: defaults[key] if val is None else val for key, val in opts.items()}  # maxnreg None: no cap
     out, block_size, num_kv_heads = check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                                                        k_scale, v_scale, out, block_m=opts["block_m"],

@@ -10,11 +10,10 @@ from kernel_bench_common import BF16, DEV, bench_us, rel_err
 
 from kernels.paged_decode_attention import gather_paged_kv
 from kernels.ragged_prefill_attention import (
-    DEFAULTS,
-    FP8_DEFAULTS,
     OCCUPANCY_TILES,
     TILE_CONFIGS,
     WARP_SPECIALIZED_TILES,
+    launch_defaults,
     ragged_prefill_attention,
     ragged_prefill_attention_ref,
 )
@@ -50,7 +49,7 @@ def ragged_rows(q, k, v, kc, vc, bt, cu, lens, scale: float, max_q: int, scales:
         return {**kw, "us": t, "TFLOPs": flops / t / 1e6, "pct_of_sdpa_speed": 100 * t_sdpa / t,
                 "rel_err": rel_err(out, ref)}
 
-    r = {"default": {**(FP8_DEFAULTS if kc.dtype == torch.float8_e4m3fn else DEFAULTS), **timed()}}
+    r = {"default": {**launch_defaults(kc.dtype, max_q), **timed()}}
     if sweep:
         r["sweep"] = [timed(block_m=bm, block_n=bn, num_warps=w, num_stages=st, reverse_tiles=rev)
                       for bm, bn, w, st in TILE_CONFIGS for rev in (True, False)]

@@ -14,8 +14,11 @@ from kernels.ragged_prefill_attention import (
     DEFAULTS,
     FP8_DEFAULTS,
     OCCUPANCY_TILES,
+    SHORT_CHUNK_DEFAULTS,
+    SHORT_CHUNK_MAX_Q,
     TILE_CONFIGS,
     WARP_SPECIALIZED_TILES,
+    launch_defaults,
     ragged_prefill_attention,
     ragged_prefill_attention_ref,
 )
@@ -84,11 +87,11 @@ def test_every_swept_tile_over_an_fp8_prefix(device, block_m, block_n, reverse):
     assert err > 10 * rel_tol(torch.float32, device, uses_dot=True), err
 
 
-@pytest.mark.parametrize("fp8", [False, True])
-def test_the_defaults_match_the_reference(device, fp8):
-    """No option given: DEFAULTS, or FP8_DEFAULTS over an FP8 cache (reverse order), over a prefix and a chunk of
-    several 128-row tiles."""
-    q_lens, prefixes = [300, 130], [0, 70]
+@pytest.mark.parametrize("fp8,q_lens", [(False, [300, 130]), (False, [600, 40]), (True, [300, 130])])
+def test_the_defaults_match_the_reference(device, fp8, q_lens):
+    """No option given: `launch_defaults` (SHORT_CHUNK_DEFAULTS for chunks up to 512 tokens, DEFAULTS past that,
+    FP8_DEFAULTS over an FP8 cache), over a prefix and a chunk of several 128-row tiles."""
+    prefixes = [0, 70]
     q, k, v, k_cache, v_cache, bt, cu, lens = _setup(q_lens, prefixes, 4, 2, 32, 16, device, 3)
     scales = dict(k_scale=0.01, v_scale=0.02) if fp8 else {}
     if fp8:
@@ -97,7 +100,14 @@ def test_the_defaults_match_the_reference(device, fp8):
     ragged_prefill_attention(q, k, v, k_cache, v_cache, bt, cu, lens, 32**-0.5, max(q_lens), out=out, **scales)
     ref = ragged_prefill_attention_ref(q, k, v, k_cache, v_cache, bt, cu, lens, 32**-0.5, **scales)
     assert_rel_close(out, ref, rel_tol(torch.float32, device, uses_dot=True))
-    assert (FP8_DEFAULTS if fp8 else DEFAULTS)["reverse_tiles"]
+
+
+def test_launch_defaults_follow_the_cache_dtype_and_the_longest_chunk():
+    assert launch_defaults(torch.bfloat16, SHORT_CHUNK_MAX_Q) is SHORT_CHUNK_DEFAULTS
+    assert launch_defaults(torch.bfloat16, SHORT_CHUNK_MAX_Q + 1) is DEFAULTS
+    assert launch_defaults(torch.float8_e4m3fn, 16) is FP8_DEFAULTS
+    assert launch_defaults(torch.float8_e4m3fn, 4096) is FP8_DEFAULTS
+    assert SHORT_CHUNK_DEFAULTS["block_m"] == 128 and DEFAULTS["block_m"] == 64 and FP8_DEFAULTS["reverse_tiles"]
 
 
 def test_strided_k_v_as_the_model_slices_them(device):
