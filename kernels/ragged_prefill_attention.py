@@ -66,11 +66,13 @@ SHORT_CHUNK_DEFAULTS = dict(DEFAULTS, block_m=128, block_n=128, num_warps=8, rev
 
 
 def launch_defaults(cache_dtype: torch.dtype, max_seqlen_q: int) -> dict:
-    """The options a call that names none runs with: FP8_DEFAULTS over an FP8 cache, else SHORT_CHUNK_DEFAULTS
-    when no chunk exceeds SHORT_CHUNK_MAX_Q tokens, else DEFAULTS."""
+    """The options a call that names none runs with: FP8_DEFAULTS over an FP8 cache; over a bf16 / fp16 cache
+    SHORT_CHUNK_DEFAULTS when no chunk exceeds SHORT_CHUNK_MAX_Q tokens; else DEFAULTS (an fp32 cache always:
+    3 stages of 128 x 128 fp32 K and V tiles, 384 KiB, would not fit an SM's shared memory)."""
     if cache_dtype == torch.float8_e4m3fn:
         return FP8_DEFAULTS
-    return SHORT_CHUNK_DEFAULTS if max_seqlen_q <= SHORT_CHUNK_MAX_Q else DEFAULTS
+    short = cache_dtype in (torch.bfloat16, torch.float16) and max_seqlen_q <= SHORT_CHUNK_MAX_Q
+    return SHORT_CHUNK_DEFAULTS if short else DEFAULTS
 
 
 def ragged_prefill_attention_ref(

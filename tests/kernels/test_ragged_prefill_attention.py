@@ -104,6 +104,8 @@ def test_the_defaults_match_the_reference(device, fp8, q_lens):
 
 def test_launch_defaults_follow_the_cache_dtype_and_the_longest_chunk():
     assert launch_defaults(torch.bfloat16, SHORT_CHUNK_MAX_Q) is SHORT_CHUNK_DEFAULTS
+    assert launch_defaults(torch.float16, 16) is SHORT_CHUNK_DEFAULTS
+    assert launch_defaults(torch.float32, 16) is DEFAULTS  # 128 x 128 fp32 tiles would not fit shared memory
     assert launch_defaults(torch.bfloat16, SHORT_CHUNK_MAX_Q + 1) is DEFAULTS
     assert launch_defaults(torch.float8_e4m3fn, 16) is FP8_DEFAULTS
     assert launch_defaults(torch.float8_e4m3fn, 4096) is FP8_DEFAULTS
