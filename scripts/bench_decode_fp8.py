@@ -24,17 +24,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_prefill_attention import fp8_cache  # noqa: E402
 from kernel_bench_common import BF16, DEV, bench_us, measure_ceilings, paged_setup, rel_err  # noqa: E402
 
-from kernels.fp8 import FP8_MAX, dequantize_fp8_ref, quantize_fp8_ref  # noqa: E402
+from kernels.fp8 import dequantize_fp8_ref  # noqa: E402
 from kernels.paged_decode_attention import paged_decode_attention, paged_decode_attention_ref  # noqa: E402
 
 HQ, HK, D, BS, CTX = 32, 8, 128, 16, 1536
-
-
-def fp8(cache: torch.Tensor) -> tuple[torch.Tensor, float]:
-    scale = float(cache.float().abs().amax()) / FP8_MAX
-    return quantize_fp8_ref(cache, scale), scale
 
 
 def rows_for_batch(batch: int, copy_gbs: float, gen) -> list[dict]:
@@ -43,8 +39,7 @@ def rows_for_batch(batch: int, copy_gbs: float, gen) -> list[dict]:
     q = torch.randn(batch, HQ, D, device=DEV, dtype=BF16)
     scale = D**-0.5
     out = torch.empty_like(q)
-    k8, ks = fp8(k_cache)
-    v8, vs = fp8(v_cache)
+    (k8, ks, _), (v8, vs, _) = fp8_cache(k_cache), fp8_cache(v_cache)  # per-tensor scale amax / 448
     ref16 = paged_decode_attention_ref(q, k_cache, v_cache, bt, lens, scale)
     ref8 = paged_decode_attention_ref(q, dequantize_fp8_ref(k8, ks), dequantize_fp8_ref(v8, vs), bt, lens, scale)
     cases = (("bf16 cache", k_cache, v_cache, {}, ref16, 2),

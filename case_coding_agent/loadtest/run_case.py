@@ -180,8 +180,7 @@ def main(argv=None) -> int:
                                       if all(pools) and pools else None)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
-    s = record["summary"]
-    print(json.dumps({k: v for k, v in s.items() if k != "replicas_per_session"}, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k != "replicas_per_session"}, indent=1))
     note = f"; CUT at the deadline: {len(turns)} of {len(records)} turns finished" if cut else ""
     print(f"wrote {out} ({wall_s:.0f} s{note})")
     return 0

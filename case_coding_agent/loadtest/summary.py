@@ -14,37 +14,33 @@ def pct(values: list[float], q: float) -> float | None:
     return None if not values else round(float(np.percentile(np.asarray(values) * 1000, q)), 1)
 
 
-def hit_rate(turns: list[dict], block_size: int) -> dict:
-    """Cached share of the prompt tokens of every turn >= 2, and the ceiling: the previous turn's prompt in
-    whole engine blocks (what a cache that lost nothing would serve; generated tokens are not resent)."""
+def later_turns(turns: list[dict], block_size: int) -> list[tuple[dict, int]]:
+    """(turn, reusable tokens) for every turn >= 2 whose previous turn in its session also succeeded; reusable:
+    the previous turn's prompt in whole engine blocks (what a cache that lost nothing would serve; generated
+    tokens are not resent)."""
     by_session: dict[str, list[dict]] = {}
     for t in sorted(turns, key=lambda t: (t["session_id"], t["turn"])):
         by_session.setdefault(t["session_id"], []).append(t)
-    prompt = cached = reusable = 0
-    for session in by_session.values():
-        for prev, t in zip(session, session[1:]):
-            if t["error"] or prev["error"]:
-                continue
-            prompt += t["prompt_tokens"]
-            cached += t["cached_tokens"]
-            reusable += prev["prompt_tokens"] // block_size * block_size
+    return [(t, prev["prompt_tokens"] // block_size * block_size) for session in by_session.values()
+            for prev, t in zip(session, session[1:]) if not (t["error"] or prev["error"])]
+
+
+def hit_rate(turns: list[dict], block_size: int) -> dict:
+    """Cached share of the prompt tokens of every turn >= 2, and the ceiling (`later_turns`' reusable tokens)."""
+    later = later_turns(turns, block_size)
+    prompt = sum(t["prompt_tokens"] for t, _ in later)
+    cached = sum(t["cached_tokens"] for t, _ in later)
+    reusable = sum(r for _, r in later)
     return {"turns2plus_prompt_tokens": prompt, "turns2plus_cached_tokens": cached,
             "turns2plus_hit_rate": round(cached / prompt, 4) if prompt else None,
             "turns2plus_hit_rate_ceiling": round(reusable / prompt, 4) if prompt else None}
 
 
 def recompute(turns: list[dict], block_size: int) -> dict:
-    """The brief's recompute figure: prompt tokens that a cache which lost nothing would have served (the
-    previous turn's prompt in whole engine blocks, as in `hit_rate`) but that were computed again, summed over
-    turns >= 2 (per turn at least 0), and their share of every turn's prompt tokens (first turns included)."""
-    by_session: dict[str, list[dict]] = {}
-    for t in sorted(turns, key=lambda t: (t["session_id"], t["turn"])):
-        by_session.setdefault(t["session_id"], []).append(t)
-    lost = 0
-    for session in by_session.values():
-        for prev, t in zip(session, session[1:]):
-            if not (t["error"] or prev["error"]):
-                lost += max(0, prev["prompt_tokens"] // block_size * block_size - t["cached_tokens"])
+    """The brief's recompute figure: reusable prompt tokens (`later_turns`) that the cache did not serve and the
+    engine computed again, summed over turns >= 2 (per turn at least 0), and their share of every successful
+    turn's prompt tokens (first turns included)."""
+    lost = sum(max(0, r - t["cached_tokens"]) for t, r in later_turns(turns, block_size))
     prompt = sum(t["prompt_tokens"] for t in turns if not t["error"])
     return {"recomputed_reusable_tokens": lost,
             "recomputed_share_of_prompt_tokens": round(lost / prompt, 4) if prompt else None}

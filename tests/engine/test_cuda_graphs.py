@@ -25,15 +25,20 @@ pytestmark = pytest.mark.gpu
 BLOCK = 16
 
 
-@pytest.fixture(scope="module")
-def runner(small_model_dir):
-    config = EngineConfig.from_flat(model=str(small_model_dir), load_format="dummy", dtype="float32",
+def captured_runner(model_dir) -> ModelRunner:
+    """fp32 dummy weights on CUDA, 600 KV blocks, every CUDA graph captured (the graph tests' runner)."""
+    config = EngineConfig.from_flat(model=str(model_dir), load_format="dummy", dtype="float32",
                                     max_model_len=1024, max_num_seqs=24, max_num_batched_tokens=256,
                                     device="cuda")
-    runner = ModelRunner(config, resolve_model(str(small_model_dir), "dummy", None))
+    runner = ModelRunner(config, resolve_model(str(model_dir), "dummy", None))
     runner.allocate_kv_cache(600)
     runner.capture_cuda_graphs()
     return runner
+
+
+@pytest.fixture(scope="module")
+def runner(small_model_dir):
+    return captured_runner(small_model_dir)
 
 
 def random_step(rng: random.Random, num_decodes: int, chunks: list[tuple[int, int]]) -> SchedulerOutput:

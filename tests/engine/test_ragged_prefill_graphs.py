@@ -11,12 +11,9 @@ import pytest
 import torch
 
 from shared_engine import LLM, SamplingParams
-from shared_engine.config import EngineConfig
 from shared_engine.model_executor.attention import triton_backend
 from shared_engine.model_executor.input_builder import build_inputs
-from shared_engine.model_executor.model_runner import ModelRunner
-from shared_engine.model_loader.model_source import resolve_model
-from tests.engine.test_cuda_graphs import BLOCK, LAYOUTS, assert_matches_eager, random_step
+from tests.engine.test_cuda_graphs import BLOCK, LAYOUTS, assert_matches_eager, captured_runner, random_step
 
 pytestmark = pytest.mark.gpu
 
@@ -35,12 +32,7 @@ def ragged_runner(small_model_dir):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(triton_backend, "RAGGED_PREFILL", True)
         calls = _record_ragged_calls(patch)
-        config = EngineConfig.from_flat(model=str(small_model_dir), load_format="dummy", dtype="float32",
-                                        max_model_len=1024, max_num_seqs=24, max_num_batched_tokens=256,
-                                        device="cuda")
-        runner = ModelRunner(config, resolve_model(str(small_model_dir), "dummy", None))
-        runner.allocate_kv_cache(600)
-        runner.capture_cuda_graphs()
+        runner = captured_runner(small_model_dir)
         assert calls, "no captured graph launched the ragged kernel"
         yield runner
 
