@@ -123,6 +123,11 @@ def main(argv=None) -> int:
     out = args.out or CASE_DIR / args.variant / f"results_{args.profile}.json"
     extra = [part for a in args.serve_arg for part in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
     load_before = machine()
+    # the commit as the run starts: the run rewrites its own tracked server logs, which would mark every
+    # re-run of a committed variant "-dirty" if git were asked afterwards
+    from benchmarks.env_info import git_commit
+
+    commit = git_commit()
     # fixed ports: nginx's hash ring is built from the upstream addresses, so the same ports give the same
     # session-to-replica split on every run
     servers = [EngineServer(config, flags, extra, out.with_suffix(f".server{i}.log"), wait=False,
@@ -162,7 +167,7 @@ def main(argv=None) -> int:
     replicas = {s.url.removeprefix("http://"): delta(b, a) for s, b, a in zip(servers, before, after)}
     record = {"case": "coding_agent", "profile": args.profile, "variant": args.variant,
               "command": "python -m case_coding_agent.loadtest.run_case " + " ".join(sys.argv[1:] or argv or []),
-              **environment(), "machine_before": load_before, "machine_after": machine(),
+              **environment(), "commit": commit, "machine_before": load_before, "machine_after": machine(),
               "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")},
               "server_commands": [s.command for s in servers], "routing": policy,
               "config_file": str(config.relative_to(CASE_DIR)), "config_yaml": config.read_text(),
