@@ -5,9 +5,22 @@ Workload (nano-vllm's shape): N requests of random token ids, input lengths unif
 ignore_eos so every request produces exactly its output length. Both engines are credited with the useful
 output tokens they produce. transformers runs either `generate` on padded batches of --hf-batch-size in
 request order (left padding, each batch decoding until its longest request), as a plain user would, or
-its continuous batching `generate_batch` (--hf-mode generate_batch, attention "paged|sdpa"), optionally
-on the first --hf-num-requests requests only. On CUDA, --roofline measures the device's copy bandwidth and
+its continuous batching `generate_batch` (--hf-mode generate_batch, attention "paged|sdpa", its default
+`ContinuousBatchingConfig` but for --hf-num-blocks / --hf-max-batch-tokens; its warm-up inside the call
+is timed apart and left out of its figure, as ours is; it takes one `max_new_tokens` for all requests, so
+every request decodes to the longest's length and only each one's own length is credited), optionally on
+the first --hf-num-requests requests only. On CUDA, --roofline measures the device's copy bandwidth and
 matmul rate and states the workload's physical bound (benchmarks/roofline.py).
+
+Like for like: when transformers runs on the first K < N requests, our engine also runs those same K
+requests (same prompts, sampling and output lengths, same engine, prefix cache reset before each timed run)
+in the same process: `ours_subset`, and `speedup_vs_transformers` = ours on the K / transformers on the K.
+`ours` stays our engine on the whole workload (N requests); it is never divided by a K-request baseline.
+Each side records the batch it actually ran at (`running_batch`): ours, the sequences per engine step and
+the decode rows per decode step (max, mean); transformers' `generate_batch`, the requests its scheduler put
+in each forward step and the continuous-batching config it resolved (max_batch_tokens, num_blocks,
+page_size, max_requests_per_batch, ...; `--hf-batch-size` is not one of its arguments); `generate`, the
+padded batch size with the rows per decode step.
 
     python scripts/bench_offline.py --out benchmarks/results/offline_cpu_smollm2.json
     python scripts/bench_offline.py --model llama-3.1-8b --load-format dummy --num-requests 1000 \\
@@ -23,6 +36,7 @@ import random
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,7 +54,7 @@ def workload(args) -> tuple[list[list[int]], list[int]]:
     return prompts, outputs
 
 
-def run_ours(args, prompts, out_lens) -> tuple[dict, object]:
+def make_llm(args):
     from shared_engine import LLM, SamplingParams
 
     chosen = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -52,32 +66,52 @@ def run_ours(args, prompts, out_lens) -> tuple[dict, object]:
               "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
               "nano_batch_min_decodes": args.nano_batch_min_decodes}
     llm = LLM(args.model, **{k: v for k, v in chosen.items() if v is not None})
-    engine = llm.engine
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
     llm.generate([[5] * 16], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
-    step_s0, gpu_s0, steps0 = engine.stats.step_seconds_total, engine.runner.gpu_span_seconds, engine.stats.num_steps
-    phases0 = list(engine.stats.phase_seconds_total)
+    return llm
+
+
+def run_ours(llm, prompts, out_lens) -> dict:
+    """One timed `generate` of these requests on a warm engine, its prefix cache emptied first (a subset run
+    after the whole workload must not find its prompts cached), with the batch each step ran at."""
+    from shared_engine import SamplingParams
+
+    engine = llm.engine
+    stats = engine.stats
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
+    engine.block_manager.reset_prefix_cache()
+    stats.reset_batch_maxima()
+    step_s0, gpu_s0, steps0 = stats.step_seconds_total, engine.runner.gpu_span_seconds, stats.num_steps
+    seqs0, decode_steps0, decodes0 = stats.scheduled_seqs_total, stats.decode_steps, stats.decode_seqs_total
+    hits0, preempted0 = stats.prefix_cache_hits_total, engine.scheduler.num_preemptions_total
+    phases0, nano0 = list(stats.phase_seconds_total), getattr(engine.runner, "nano_batch_graph_steps", 0)
     started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - started
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert generated == sum(out_lens), "every request must produce exactly its output length"
-    step_s = engine.stats.step_seconds_total - step_s0
+    step_s = stats.step_seconds_total - step_s0
     gpu_s = engine.runner.gpu_span_seconds - gpu_s0
+    steps, decode_steps = stats.num_steps - steps0, stats.decode_steps - decode_steps0
     tpots = [(o.metrics.last_token_time - o.metrics.first_token_time) / (len(o.outputs[0].token_ids) - 1)
              for o in outputs if len(o.outputs[0].token_ids) > 1]
-    result = {"elapsed_s": elapsed, "output_tokens": generated, "output_throughput": generated / elapsed,
+    result = {"num_requests": len(prompts), "elapsed_s": elapsed, "output_tokens": generated,
+              "output_throughput": generated / elapsed,
               "total_token_throughput": (generated + sum(map(len, prompts))) / elapsed,
               "median_ttft_ms": 1e3 * statistics.median(o.metrics.ttft for o in outputs),
               "median_tpot_ms": 1e3 * statistics.median(tpots) if tpots else None,
-              "num_preemptions": engine.scheduler.num_preemptions_total,
-              "num_steps": engine.stats.num_steps - steps0, "step_seconds": step_s,
-              "kv_pool_tokens": engine.block_manager.num_blocks * engine.block_manager.block_size,
-              "cold_start_s": {"weights": engine.runner.load_seconds, "compile": engine.runner.compile_seconds,
-                               "cuda_graph_capture": engine.runner.capture_seconds},
-              "engine_config": engine.config.to_flat(), "model": engine.source.name}
+              "num_preemptions": engine.scheduler.num_preemptions_total - preempted0,
+              "num_steps": steps, "step_seconds": step_s,
+              "prefix_cache_hits": stats.prefix_cache_hits_total - hits0,
+              # what the scheduler actually ran, against its limits
+              "running_batch": {"max_seqs_per_step": stats.scheduled_seqs_max,
+                                "mean_seqs_per_step": (stats.scheduled_seqs_total - seqs0) / steps if steps else 0.0,
+                                "decode_steps": decode_steps, "max_decode_seqs": stats.decode_seqs_max,
+                                "mean_decode_seqs": (stats.decode_seqs_total - decodes0) / decode_steps
+                                if decode_steps else 0.0,
+                                "max_num_seqs": engine.config.scheduler.max_num_seqs,
+                                "max_num_batched_tokens": engine.config.scheduler.token_budget}}
     if getattr(engine.runner, "nano_forward", None) is not None:
-        result["nano_batch_graph_steps"] = engine.runner.nano_batch_graph_steps
+        result["nano_batch_graph_steps"] = engine.runner.nano_batch_graph_steps - nano0
         result["nano_batch_graphs"] = len(engine.runner.graph_runner.nano_keys) if engine.runner.graph_runner else 0
     if gpu_s:
         # device span per step (first kernel → sampled ids on the host) vs the whole step on the host clock
@@ -85,8 +119,17 @@ def run_ours(args, prompts, out_lens) -> tuple[dict, object]:
         result["share_of_step_time_outside_gpu"] = max(0.0, 1 - gpu_s / step_s)
     names = ("schedule", "model_runner", "output_processing", "gpu_span")
     result["step_phase_seconds"] = {name: now - before for name, now, before
-                                    in zip(names, engine.stats.phase_seconds_total, phases0)}
-    return result, llm
+                                    in zip(names, stats.phase_seconds_total, phases0)}
+    return result
+
+
+def engine_fields(llm) -> dict:
+    """The engine's own figures, the same for every run of it."""
+    engine = llm.engine
+    return {"kv_pool_tokens": engine.block_manager.num_blocks * engine.block_manager.block_size,
+            "cold_start_s": {"weights": engine.runner.load_seconds, "compile": engine.runner.compile_seconds,
+                             "cuda_graph_capture": engine.runner.capture_seconds},
+            "engine_config": engine.config.to_flat(), "model": engine.source.name}
 
 
 def hf_model(args, source):
@@ -105,20 +148,97 @@ def hf_model(args, source):
     return AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, attn_implementation=attn).to(device).eval()
 
 
+# transformers' ContinuousBatchingConfig as generate_batch resolved it (num_blocks and max_batch_tokens once its
+# paged cache was sized): these, not --hf-batch-size (which generate_batch never sees), bound its batch
+CB_CONFIG_FIELDS = ("page_size", "num_blocks", "max_batch_tokens", "max_requests_per_batch", "max_blocks_per_request",
+                    "max_memory_percent", "scheduler_type", "use_async_batching", "use_cuda_graph",
+                    "allow_block_sharing")
+
+
+@contextmanager
+def recording_generate_batch(record: dict):
+    """While open, transformers' continuous batching reports what it ran: the `ContinuousBatchingConfig` it
+    resolved once its paged cache was sized (`record["config"]`), the seconds of its warm-up (`record["warmup_s"]`:
+    sizing and allocating the paged cache, CUDA graph capture; `generate_batch` runs it inside the call, where
+    ours warms up before its timed run), and per forward step the requests its scheduler put in the batch, those
+    with one query token (decodes) and the query tokens (`record["steps"]`)."""
+    from transformers.generation.continuous_batching import continuous_api, scheduler
+
+    manager_cls = continuous_api.ContinuousBatchingManager
+    create, warmup = manager_cls._create_batch_processor, manager_cls.warmup
+
+    def timed_warmup(self):
+        started = time.perf_counter()
+        warmup(self)
+        record["warmup_s"] = record.get("warmup_s", 0.0) + time.perf_counter() - started
+
+    def create_and_record(self):
+        processor = create(self)
+        config = self.continuous_batching_config
+        record["config"] = {k: list(v) if isinstance(v, tuple) else v for k in CB_CONFIG_FIELDS
+                            if (v := getattr(config, k, None)) is None or isinstance(v, (int, float, str, bool, tuple))}
+        return processor
+
+    originals = {cls: cls.schedule_batch for cls in set(scheduler.SCHEDULER_MAPPING.values())}
+
+    def recorded(original):
+        def schedule_batch(self, token_budget, cache_budget):
+            batch = original(self, token_budget, cache_budget)
+            if batch[0]:  # a forward step (None: cache full, retried; []: nothing left)
+                requests = batch[0]
+                record["steps"].append((len(requests), sum(1 for r in requests if r.query_length == 1), batch[2]))
+            return batch
+        return schedule_batch
+
+    record.setdefault("steps", [])
+    manager_cls._create_batch_processor, manager_cls.warmup = create_and_record, timed_warmup
+    for cls, original in originals.items():
+        cls.schedule_batch = recorded(original)
+    try:
+        yield record
+    finally:
+        manager_cls._create_batch_processor, manager_cls.warmup = create, warmup
+        for cls, original in originals.items():
+            cls.schedule_batch = original
+
+
+def generate_batch_running_batch(record: dict) -> dict:
+    steps = record.get("steps", [])
+    decode_steps = [d for _, d, _ in steps if d]
+    return {"steps": len(steps),
+            "max_requests_per_step": max((n for n, _, _ in steps), default=0),
+            "mean_requests_per_step": statistics.mean(n for n, _, _ in steps) if steps else 0.0,
+            "decode_steps": len(decode_steps), "max_decode_requests": max(decode_steps, default=0),
+            "mean_decode_requests": statistics.mean(decode_steps) if decode_steps else 0.0,
+            "max_query_tokens_per_step": max((q for _, _, q in steps), default=0),
+            "continuous_batching_config": record.get("config")}
+
+
 def run_transformers(args, prompts, out_lens, source) -> dict:
+    """transformers on these requests (main passes the first `--hf-num-requests`, all by default)."""
     import torch
 
     model = hf_model(args, source)
-    count = args.hf_num_requests or len(prompts)
-    prompts, out_lens = prompts[:count], out_lens[:count]
+    count = len(prompts)
     started = time.perf_counter()
     if args.hf_mode == "generate_batch":
-        from transformers.generation import GenerationConfig
+        from transformers.generation import ContinuousBatchingConfig, GenerationConfig
 
         config = GenerationConfig(max_new_tokens=max(out_lens), do_sample=False, eos_token_id=None, pad_token_id=0)
-        results = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+        # None: transformers' own defaults (sized from free memory); the resolved values are recorded either way
+        cb_config = ContinuousBatchingConfig(num_blocks=args.hf_num_blocks, max_batch_tokens=args.hf_max_batch_tokens)
+        with recording_generate_batch({}) as record:
+            results = model.generate_batch(inputs=prompts, generation_config=config,
+                                           continuous_batching_config=cb_config, progress_bar=False)
+        # its warm-up is outside the figure, as our engine's (before its timed run) is; both are recorded
+        warmup_s = record.get("warmup_s", 0.0)
+        timing = {"elapsed_including_warmup_s": time.perf_counter() - started, "warmup_s": warmup_s}
+        elapsed = timing["elapsed_including_warmup_s"] - warmup_s
+        generated = sum(len(r.generated_tokens) for r in results.values())
         useful = sum(min(len(r.generated_tokens), n) for r, n in zip(results.values(), out_lens))
+        running = generate_batch_running_batch(record)
     else:
+        rows = decode_steps = 0
         for i in range(0, len(prompts), args.hf_batch_size):
             batch, lens = prompts[i : i + args.hf_batch_size], out_lens[i : i + args.hf_batch_size]
             width = max(map(len, batch))
@@ -127,11 +247,19 @@ def run_transformers(args, prompts, out_lens, source) -> dict:
             with torch.no_grad():
                 model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(lens),
                                min_new_tokens=max(lens), do_sample=False, pad_token_id=0)
+            rows, decode_steps = rows + len(batch) * max(lens), decode_steps + max(lens)
+        elapsed = time.perf_counter() - started
+        timing = {}
         useful = sum(out_lens)
-    elapsed = time.perf_counter() - started
+        generated = rows  # every row of a padded batch decodes until the batch's longest request
+        num_batches = -(-len(prompts) // args.hf_batch_size)
+        running = {"padded_batch_size": args.hf_batch_size, "batches": num_batches,
+                 "max_rows_per_step": min(args.hf_batch_size, len(prompts)),
+                 "mean_rows_per_step": rows / decode_steps if decode_steps else 0.0}
     return {"mode": args.hf_mode, "device": str(model.device), "dtype": str(model.dtype), "num_requests": count,
-            "elapsed_s": elapsed, "output_tokens": useful,
-            "output_throughput": useful / elapsed, "batch_size": args.hf_batch_size,
+            "requests": f"the first {count} of the workload's {args.num_requests}",
+            "elapsed_s": elapsed, **timing, "output_tokens": useful, "generated_tokens": generated,
+            "output_throughput": useful / elapsed, "running_batch": running,
             "attn_implementation": model.config._attn_implementation}
 
 
@@ -182,7 +310,13 @@ def parse_args():
     p.add_argument("--tensor-parallel-size", type=int, default=None,
                    help="GPUs per engine; the roofline and the weight-streaming floor are then over all of them")
     p.add_argument("--hf-mode", choices=["generate", "generate_batch", "none"], default="generate")
-    p.add_argument("--hf-batch-size", type=int, default=16)
+    p.add_argument("--hf-batch-size", type=int, default=16, help="generate: the padded batch (generate_batch "
+                   "does not take it: its batch is bounded by --hf-max-batch-tokens and the cache's blocks)")
+    p.add_argument("--hf-num-blocks", type=int, default=None,
+                   help="generate_batch: ContinuousBatchingConfig.num_blocks (default: transformers sizes the cache "
+                   "from free memory)")
+    p.add_argument("--hf-max-batch-tokens", type=int, default=None,
+                   help="generate_batch: ContinuousBatchingConfig.max_batch_tokens (default: transformers')")
     p.add_argument("--hf-num-requests", type=int, default=None, help="run transformers on the first K only")
     p.add_argument("--roofline", action="store_true", help="CUDA: measure ceilings and state the bound")
     p.add_argument("--hf-only", action="store_true", help="run only the transformers baseline")
@@ -203,11 +337,22 @@ def main() -> None:
     results = {"benchmark": "offline_throughput", **environment(), "command": " ".join(sys.argv),
                "workload": {k: getattr(args, k) for k in ("num_requests", "input_len_min", "input_len_max",
                                                            "output_len_min", "output_len_max", "seed")}}
+    # transformers' requests: the first K; ours runs those same K too (like for like) and the whole workload
+    count = min(args.hf_num_requests or args.num_requests, args.num_requests)
     llm, ours = None, None
     if not args.hf_only:
-        results["ours"], llm = run_ours(args, prompts, out_lens)
+        llm = make_llm(args)
+        results["ours"] = {"requests": f"the whole workload ({args.num_requests})",
+                           **run_ours(llm, prompts, out_lens), **engine_fields(llm)}
         ours = results["ours"]["output_throughput"]
-        print(f"ours:         {ours:9.1f} output tokens/s ({results['ours']['elapsed_s']:.1f} s)", flush=True)
+        print(f"ours:         {ours:9.1f} output tokens/s ({results['ours']['elapsed_s']:.1f} s, "
+              f"{args.num_requests} requests)", flush=True)
+        if args.hf_mode != "none" and count < args.num_requests:
+            results["ours_subset"] = sub = {"requests": f"the first {count} of the workload's {args.num_requests}, "
+                                                        "the requests transformers runs",
+                                            **run_ours(llm, prompts[:count], out_lens[:count])}
+            print(f"ours (subset): {sub['output_throughput']:8.1f} output tokens/s ({sub['elapsed_s']:.1f} s, "
+                  f"{count} requests)", flush=True)
     if args.roofline and llm is not None:
         results["roofline"] = rl = roofline(args, llm, prompts, out_lens)
         results["fraction_of_roofline"] = ours / rl["output_tokens_per_s_bound"]
@@ -237,12 +382,18 @@ def main() -> None:
 
         source = resolve_model(args.model, args.load_format or "auto")
         try:
-            results["transformers"] = hf = run_transformers(args, prompts, out_lens, source)
+            results["transformers"] = hf = run_transformers(args, prompts[:count], out_lens[:count], source)
             print(f"transformers: {hf['output_throughput']:9.1f} output tokens/s ({hf['elapsed_s']:.1f} s, "
                   f"{hf['mode']}, {hf['num_requests']} requests)")
-            if ours is not None:
-                results["speedup_vs_transformers"] = ours / hf["output_throughput"]
-                print(f"speed-up: {results['speedup_vs_transformers']:.2f}x")
+            same = results.get("ours_subset", results.get("ours"))
+            if same is not None:  # ours and transformers on the same requests, never N against K
+                assert same["num_requests"] == hf["num_requests"], (same["num_requests"], hf["num_requests"])
+                results["speedup_vs_transformers"] = same["output_throughput"] / hf["output_throughput"]
+                results["speedup_basis"] = {"requests": hf["requests"], "num_requests": hf["num_requests"],
+                                            "ours": "ours_subset" if "ours_subset" in results else "ours",
+                                            "transformers": "transformers", "like_for_like": True}
+                print(f"speed-up on the same {hf['num_requests']} requests: "
+                      f"{results['speedup_vs_transformers']:.2f}x")
         except Exception as exc:  # record why the baseline failed instead of losing the run
             results["transformers"] = {"mode": args.hf_mode, "error": f"{type(exc).__name__}: {exc}"}
             print(f"transformers failed: {exc}")

@@ -24,6 +24,14 @@ class EngineStats:
     prefix_cache_queries_total: int = 0
     prefix_cache_hits_total: int = 0
     spec: SpecDecodeStats | None = None  # speculative decoding's counters, when it is on
+    # the batch each step actually ran at: sequences in the step (decodes and prefill chunks) and, over the
+    # steps with at least one decode, the decode rows (speculative decodes count once); the maxima are since
+    # start or since `reset_batch_maxima` (a benchmark resets them before its timed run, totals are deltas)
+    scheduled_seqs_total: int = 0
+    scheduled_seqs_max: int = 0
+    decode_steps: int = 0
+    decode_seqs_total: int = 0
+    decode_seqs_max: int = 0
     _window_prompt: int = 0
     _window_generation: int = 0
     _window_queries: int = 0
@@ -49,6 +57,7 @@ class EngineStats:
             self._host_totals = host
         prompt = out.num_batched_tokens - out.num_decode_tokens
         self.num_prompt_tokens_total += prompt
+        self._on_batch(out)
         self.num_generation_tokens_total += num_sampled
         self.num_steps += 1
         self.step_seconds_total += seconds
@@ -62,6 +71,19 @@ class EngineStats:
         now = time.monotonic()
         if now - self._last_log >= LOG_INTERVAL_S:
             self._log(now, scheduler, block_manager)
+
+    def _on_batch(self, out) -> None:
+        seqs = len(out.scheduled)
+        self.scheduled_seqs_total += seqs
+        self.scheduled_seqs_max = max(self.scheduled_seqs_max, seqs)
+        decodes = sum(1 for s in out.scheduled if s.is_decode or s.num_draft_tokens)
+        if decodes:
+            self.decode_steps += 1
+            self.decode_seqs_total += decodes
+            self.decode_seqs_max = max(self.decode_seqs_max, decodes)
+
+    def reset_batch_maxima(self) -> None:
+        self.scheduled_seqs_max = self.decode_seqs_max = 0
 
     def _on_prefix_counters(self, queries_total: int, hits_total: int) -> None:
         self._window_queries += queries_total - self.prefix_cache_queries_total
