@@ -1,10 +1,13 @@
 """Speculative decoding changes nothing but speed: greedy outputs (token ids, text, finish reasons, stop
-reasons, logprobs, cached tokens, token counts) equal speculation off for n-gram and suffix drafting and for
-the default model as its own draft model, in one mixed batch (penalties, min_tokens, n=2, logprobs, max_tokens
-1..18 with k=5, stop strings and stop ids inside accepted runs), with and without prefix caching, on the second
-call of the same prompts too, streamed and not; and for a draft made of the default model's first 6 layers
-(k = 2) on the 20 plain prompts and their second call (it accepts few drafts, so on the CPU each of its tokens
-costs several target token forwards)."""
+reasons, logprobs, token counts) equal speculation off for n-gram and suffix drafting and for the default model
+as its own draft model, each with prefix caching on and with it off (six engines), over one mixed batch (20
+plain prompts of repetitive text, code and prose, penalties, min_tokens, n=2, logprobs, max_tokens 1..18 with
+k=5, stop strings and stop ids inside accepted runs) and a second call of 10 of its prompts (with caching on:
+the same cached tokens and prefix-cache counters as speculation off; with it off: nothing cached); streamed
+requests with a stop string, stop id, EOS, max_tokens or min_tokens inside an accepted run (prefix caching on)
+send nothing past the stop and end as speculation off does; and a draft made of the default model's first 6
+layers (k = 2, prefix caching on) on the 20 plain prompts and their second call (it accepts few drafts, so on
+the CPU each of its tokens costs several target token forwards)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ SUFFIX = {"method": "suffix", "num_speculative_tokens": K, "policy": "always"}
 # the same block count for every engine (a draft model's blocks hold its KV too), so prefix-cache hits match
 COMMON = {"max_model_len": 512, "num_gpu_blocks_override": 216, "max_num_seqs": 64}
 DRAFT_LAYERS = 6  # of 30: a draft that is mostly wrong, sometimes right
-SPECULATIVE = ["on", "suffix", "draft"]  # the whole mixed batch
+SPECULATIVE = ["on", "suffix", "draft"]  # ngram, suffix, self-draft: the whole mixed batch, prefix caching on
+NO_CACHE = [f"{name}_no_cache" for name in SPECULATIVE]  # the same three with prefix caching off, same batch
 
 
 def _draft(model, k: int = K) -> dict:
@@ -39,28 +43,28 @@ def _summary(output):
 def runs(default_model_dir, tmp_path_factory):
     cases = mixed_batch()
     layers = write_layer_subset(default_model_dir, tmp_path_factory.mktemp("draft-layers"), DRAFT_LAYERS)
-    engines = {"off": LLM(**COMMON), "on": LLM(**COMMON, speculative_config=NGRAM),
-               "suffix": LLM(**COMMON, speculative_config=SUFFIX),
-               "draft": LLM(**COMMON, speculative_config=_draft(default_model_dir)),
-               # k = 2: each rejected draft costs a verified token, and this draft's are mostly rejected
-               "draft_layers": LLM(**COMMON, speculative_config=_draft(layers, k=2)),
-               "on_no_cache": LLM(**COMMON, enable_prefix_caching=False, speculative_config=NGRAM)}
-    results = {name: _run(engines[name], cases) for name in ("off", *SPECULATIVE)}
-    for name in ("on_no_cache", "draft_layers"):
-        results[name] = _run(engines[name], cases[:len(prompts())])  # the plain prompts
+    methods = {"on": NGRAM, "suffix": SUFFIX, "draft": _draft(default_model_dir)}
+    engines = {"off": LLM(**COMMON)}
+    for name, config in methods.items():
+        engines[name] = LLM(**COMMON, speculative_config=config)
+        engines[f"{name}_no_cache"] = LLM(**COMMON, enable_prefix_caching=False, speculative_config=config)
+    # k = 2: each rejected draft costs a verified token, and this draft's are mostly rejected
+    engines["draft_layers"] = LLM(**COMMON, speculative_config=_draft(layers, k=2))
+    results = {name: _run(engines[name], cases) for name in ("off", *SPECULATIVE, *NO_CACHE)}
+    results["draft_layers"] = _run(engines["draft_layers"], cases[:len(prompts())])  # the plain prompts
     again = [(f"again{i}", p, greedy()) for i, p in enumerate(prompts()[::2])]
-    second = {name: _run(engines[name], again) for name in ("off", *SPECULATIVE, "draft_layers")}
+    second = {name: _run(engines[name], again) for name in ("off", *SPECULATIVE, *NO_CACHE, "draft_layers")}
     return cases, engines, results, second
 
 
-@pytest.mark.parametrize("engine", [*SPECULATIVE, "on_no_cache", "draft_layers"])
+@pytest.mark.parametrize("engine", [*SPECULATIVE, *NO_CACHE, "draft_layers"])
 def test_greedy_identity_mixed_batch(runs, engine):
     cases, _, results, _ = runs
     for (case, _, _), off, on in zip(cases, results["off"], results[engine]):
         assert _summary(on) == _summary(off), case
 
 
-@pytest.mark.parametrize("engine", SPECULATIVE)
+@pytest.mark.parametrize("engine", [*SPECULATIVE, *NO_CACHE])
 def test_speculation_was_exercised(runs, engine):
     cases, engines, results, _ = runs
     spec = engines[engine].engine.stats.spec
@@ -75,7 +79,7 @@ def test_speculation_was_exercised(runs, engine):
         assert len(by_case[f"max{m}"].outputs[0].token_ids) == m
 
 
-@pytest.mark.parametrize("engine", SPECULATIVE)
+@pytest.mark.parametrize("engine", [*SPECULATIVE, *NO_CACHE])
 def test_logprobs_are_the_targets(runs, engine):
     cases, _, results, _ = runs
     for (case, _, params), off, on in zip(cases, results["off"], results[engine]):
@@ -95,9 +99,9 @@ def test_draft_model_acceptance(runs):
     argmax, up to fp32 differences between the decode and the k + 1-query attention paths; the mixed batch's
     penalty cases reject its unpenalised drafts more often); its first 6 layers much less, but not nothing."""
     _, engines, _, _ = runs
-    spec = {name: engines[name].engine.stats.spec for name in ("draft", "draft_layers")}
+    spec = {name: engines[name].engine.stats.spec for name in ("draft", "draft_no_cache", "draft_layers")}
     rate = {name: s.num_accepted_tokens_total / s.num_draft_tokens_total for name, s in spec.items()}
-    assert rate["draft"] >= 0.8
+    assert rate["draft"] >= 0.8 and rate["draft_no_cache"] >= 0.8
     assert spec["draft_layers"].num_accepted_tokens_total >= 10 and rate["draft_layers"] < 0.5
 
 
@@ -114,15 +118,23 @@ def test_second_call_hits_the_prefix_cache_the_same(runs, engine):
     assert (s_on.prefix_cache_queries, s_on.prefix_cache_hits) == (s_off.prefix_cache_queries, s_off.prefix_cache_hits)
 
 
+@pytest.mark.parametrize("engine", NO_CACHE)
+def test_without_prefix_caching_nothing_is_cached_and_the_second_call_is_the_same(runs, engine):
+    """Prefix caching off: no output reports cached tokens and the scheduler counts no hits, on either call,
+    where speculation off with caching hit on the second call; the second call's outputs still equal its."""
+    _, engines, results, second = runs
+    for off, on in zip(second["off"], second[engine]):
+        assert _summary(on) == _summary(off)
+    assert all(o.num_cached_tokens == 0 for o in results[engine] + second[engine])
+    assert engines[engine].engine.scheduler.prefix_cache_hits == 0
+    assert sum(o.num_cached_tokens for o in second["off"]) > 0
+
+
 def test_generation_tokens_count_returned_tokens(runs):
     _, engines, results, second = runs
-    for name in ("off", *SPECULATIVE):
+    for name in ("off", *SPECULATIVE, *NO_CACHE, "draft_layers"):
         returned = sum(len(c.token_ids) for out in results[name] + second[name] for c in out.outputs)
-        assert engines[name].engine.stats.num_generation_tokens_total == returned
-    returned = sum(len(c.token_ids) for out in results["on_no_cache"] for c in out.outputs)
-    assert engines["on_no_cache"].engine.stats.num_generation_tokens_total == returned
-    returned = sum(len(c.token_ids) for out in results["draft_layers"] + second["draft_layers"] for c in out.outputs)
-    assert engines["draft_layers"].engine.stats.num_generation_tokens_total == returned
+        assert engines[name].engine.stats.num_generation_tokens_total == returned, name
     for llm in engines.values():
         llm.engine.block_manager.check_integrity()
         assert llm.engine.block_manager.usage == 0.0

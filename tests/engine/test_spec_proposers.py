@@ -1,4 +1,5 @@
-"""Proposers without a model: n-gram lookup, the suffix tree and the suffix proposer's two trees."""
+"""Proposers without a model: n-gram lookup, the suffix tree (counts, removal, the `min_token_prob` cutoff on
+a path's probability) and the suffix proposer's two trees."""
 
 from __future__ import annotations
 
@@ -49,6 +50,35 @@ def test_suffix_proposer_drafts_from_its_own_tokens_and_from_finished_requests()
     assert proposer.propose([fresh], [4]) == [[23, 24, 25]]  # from the global tree
     proposer.on_finished(_request("d", [1], [30, 31]))  # max_cached_requests=1: "b" is forgotten
     assert proposer.propose([_request("e", [5, 20, 21, 22])], [4]) == [[]]
+
+
+@pytest.mark.parametrize("min_prob,expected", [(0.8, []), (0.75, [1]), (0.6, [1]), (0.5, [1, 2]),
+                                               (0.3, [1, 2])])
+def test_suffix_tree_min_token_prob_cuts_the_path_probability(min_prob, expected):
+    """After [7]: 1 three times in four (0.75), then after [7, 1]: 2 twice in three, so the path [1, 2] has
+    probability 0.75 * 2/3 = 0.5 although each step's own share is >= 2/3. The draft keeps a token while the
+    path's probability is >= min_prob and stops at the first one below it."""
+    tree = SuffixTree(max_depth=4)
+    for seq in ([7, 1, 2], [7, 1, 2], [7, 1, 3], [7, 4, 5]):
+        tree.insert(seq)
+    node, length = tree.find([9, 7])
+    assert length == 1
+    tokens, score = SuffixTree.continuation(node, 5, min_prob)
+    assert tokens == expected
+    assert score == pytest.approx(sum([0.75, 0.5][:len(expected)]))  # the expected accepted tokens
+
+
+@pytest.mark.parametrize("min_prob,expected", [(0.9, [3]), (0.7, [3]), (2 / 3, [3, 4, 5, 0]), (0.6, [3, 4, 5, 0])])
+def test_suffix_proposer_stops_the_draft_below_min_token_prob(min_prob, expected):
+    """The request's own tokens A 0 A 0 A 0 B 0 1 2 (A = 1 2 3 4 5, B = 1 2 3 9): its longest suffix with a
+    continuation, "0 1 2", was followed by 3 three times (probability 1), then by 4 twice and 9 once (2/3), then
+    by 5 and 0 always (still 2/3). A cutoff above 2/3 drafts [3] only; at or below it the draft runs on to k."""
+    config = SpeculativeConfig(method="suffix", num_speculative_tokens=4, suffix_decoding_max_cached_requests=0,
+                               suffix_decoding_max_spec_factor=4.0, suffix_decoding_min_token_prob=min_prob)
+    proposer = build_proposer(config)
+    a, b = [1, 2, 3, 4, 5], [1, 2, 3, 9]
+    request = _request("r", a + [0] + a + [0] + a + [0] + b + [0] + [1, 2])
+    assert proposer.propose([request], [4]) == [expected]
 
 
 def test_config_validation():
