@@ -25,6 +25,8 @@ ROWS = [  # (summary key, label, format)
     ("all_median_itl_ms", "median ITL, all turns (ms)", "{:,.1f}"),
     ("edit_median_tpot_ms", "median TPOT, edit turns (ms)", "{:,.1f}"),
     ("sessions_on_one_replica", "sessions whose turns all hit one replica", "{}"),
+    ("recomputed_share_of_prompt_tokens", "previous turns' tokens computed again (share of prompt tokens)",
+     "{:.1%}"),
     ("recomputed_prompt_tokens", "prompt tokens computed (not from cache)", "{:,}"),
     ("num_preemptions", "preemptions", "{}"),
 ]
@@ -160,8 +162,37 @@ def spec_section() -> str:
     return "\n".join(rows)
 
 
-BLOCKS = {"spec": spec_section, "broke": broke_section, "measured": measured_section, "modelled": modelled_section,
-          "tenx": cost_section}
+def oversub_section() -> str:
+    """The fix on one replica whose pool is smaller than the sessions' peak need, with and without KV offload:
+    the_fix/results_cpu_pool<tokens>_{offload,lru}.json."""
+    files = sorted((CASE_DIR / "the_fix").glob("results_cpu_pool*_*.json"),
+                   key=lambda p: (-int(p.stem.split("_")[2].removeprefix("pool")), p.stem))
+    if not files:
+        return ("Not measured yet: `python -m case_coding_agent.loadtest.run_case --profile cpu --variant the_fix "
+                "--replicas 1 --serve-arg=--num-gpu-blocks-override=N [--serve-arg=--kv-offload-size=1] --out "
+                "case_coding_agent/the_fix/results_cpu_pool<tokens>_<offload|lru>.json`.")
+    rows = ["| pool (tokens) | KV offload | peak need / pool | hit rate turns >= 2 (ceiling) | previous turns' tokens "
+            "computed again | p99 warm TTFT during the cold prefill (ms) | median warm TTFT (ms) |",
+            "|---|---|---|---|---|---|---|"]
+    runs = []
+    for p in files:
+        r = json.loads(p.read_text())
+        s = r["summary"]
+        offload = any("--kv-offload-size" in c for c in r["server_commands"])
+        rows.append(f"| {sum(s['kv_pool_tokens']):,} | {'1 GiB host tier' if offload else 'no (LRU only)'} | "
+                    f"{fmt(s['kv_oversubscription'], '{:.2f}x')} | {fmt(s['turns2plus_hit_rate'], '{:.1%}')} "
+                    f"({fmt(s['turns2plus_hit_rate_ceiling'], '{:.1%}')}) | "
+                    f"{fmt(s['recomputed_share_of_prompt_tokens'], '{:.1%}')} "
+                    f"({s['recomputed_reusable_tokens']:,} tokens) | "
+                    f"{fmt(s['p99_warm_ttft_during_cold_ms'], '{:,.0f}')} | "
+                    f"{fmt(s['median_warm_ttft_ms'], '{:,.0f}')} |")
+        runs.append(f"`{p.name}`: `{r['command']}` at {r['commit'][:7]}, load average "
+                    f"{r['machine_before']['loadavg'][0]:.1f}, wall {r['wall_s']:.0f} s")
+    return "\n".join(rows + ["", "Files and commands: " + "; ".join(runs) + "."])
+
+
+BLOCKS = {"oversub": oversub_section, "spec": spec_section, "broke": broke_section, "measured": measured_section,
+          "modelled": modelled_section, "tenx": cost_section}
 
 
 def update_readme(readme: Path) -> None:
