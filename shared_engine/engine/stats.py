@@ -55,9 +55,11 @@ class EngineStats:
             self._window_host[0] += host[0] - self._host_totals[0]
             self._window_host[1] += host[1] - self._host_totals[1]
             self._host_totals = host
-        prompt = out.num_batched_tokens - out.num_decode_tokens
+        decode_tokens = out.num_decode_tokens  # one pass over the step's requests
+        prompt = out.num_batched_tokens - decode_tokens
         self.num_prompt_tokens_total += prompt
-        self._on_batch(out)
+        # decode rows: each plain decode is 1 token, each speculative one its drafts + 1
+        self._on_batch(len(out.scheduled), decode_tokens - out.num_draft_tokens)
         self.num_generation_tokens_total += num_sampled
         self.num_steps += 1
         self.step_seconds_total += seconds
@@ -72,11 +74,9 @@ class EngineStats:
         if now - self._last_log >= LOG_INTERVAL_S:
             self._log(now, scheduler, block_manager)
 
-    def _on_batch(self, out) -> None:
-        seqs = len(out.scheduled)
+    def _on_batch(self, seqs: int, decodes: int) -> None:
         self.scheduled_seqs_total += seqs
         self.scheduled_seqs_max = max(self.scheduled_seqs_max, seqs)
-        decodes = sum(1 for s in out.scheduled if s.is_decode or s.num_draft_tokens)
         if decodes:
             self.decode_steps += 1
             self.decode_seqs_total += decodes
